@@ -1,0 +1,116 @@
+"""``LockStore``: the contract every lock store fulfils (SPEC section 4), written once, here.
+
+``django_locks.testing.LockStoreContract`` checks every rule stated below against a real store.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Iterable
+from typing import Any, Literal
+
+LeaseState = Literal["held", "expired", "released"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaseInfo:
+    """One lease as a store lists it, for the admin and ``manage.py locks``.
+
+    ``expires_in`` is measured on the store's own clock at listing time (negative once expired) and is
+    ``None`` for released leases. ``holder`` is a human-readable "host:pid" of whoever took it.
+    """
+
+    key: str
+    state: LeaseState
+    owner: str
+    holder: str
+    fencing_token: int
+    acquired_at: datetime.datetime | None
+    expires_in: datetime.timedelta | None
+
+
+class LockStore:
+    """A place every instance of a project shares, holding one lease per key.
+
+    Three operations, each ONE atomic step on the store (a single SQL statement, a single Lua
+    script): the ownership check is inside the writing step, never a read followed by a write.
+
+    Rules every implementation keeps:
+
+    * Expiry is measured on the store's clock (``clock_timestamp()`` on PostgreSQL, ``PX`` on
+      Redis), never the client's. An expired lease does not exist for any method.
+    * ``ttl_ms`` is a positive ``int`` of milliseconds and may be weeks long.
+    * Every key has a fencing token that only grows: each successful ``acquire`` returns a token
+      greater than every token the key ever had (across release, expiry, restarts as far as the
+      store keeps its committed writes). ``release`` never resets it.
+    * Keys are ``str`` of 1 to 500 characters, any Unicode but NUL and lone surrogates, compared
+      exactly (no case folding, no normalisation).
+    * ``timeout`` (seconds, or ``None`` for the store's own default) bounds one call. A call still
+      running at its timeout is abandoned, its connection discarded, and ``StoreTimeoutError`` is
+      raised. Any other failure to reach the store raises ``StoreError`` chained to the driver's
+      error: a failure is never reported as "not acquired" or "not renewed".
+    * Methods are safe to call from any thread. Instances are built without I/O (they connect on
+      first use) and are safe across ``fork()``: a child never uses or closes the parent's
+      connections.
+    """
+
+    def acquire(
+        self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None
+    ) -> int | None:
+        """Take ``key`` for ``owner`` for ``ttl_ms`` milliseconds.
+
+        Succeeds when no live lease holds the key (none ever, released, or expired) and returns
+        the new fencing token; returns ``None`` when another owner's live lease holds it. Of any
+        number of concurrent callers exactly one wins. Idempotent for the same owner: when
+        ``owner`` already holds the key, the lease is extended to ``ttl_ms`` from now and the SAME
+        token is returned (a retry after a timeout must not strand the lease).
+        """
+        raise NotImplementedError
+
+    def renew(self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None) -> bool:
+        """Move the expiry of ``owner``'s live lease on ``key`` to ``ttl_ms`` from now.
+
+        Returns ``True`` when renewed, ``False`` when ``owner`` holds no live lease on ``key``
+        (it expired, was released, or another owner took it). An expired lease is never revived.
+        """
+        raise NotImplementedError
+
+    def release(self, key: str, owner: str, *, timeout: float | None = None) -> bool:
+        """Free ``owner``'s live lease on ``key`` at once, keeping the key's fencing token.
+
+        Returns ``True`` when released, ``False`` when ``owner`` held no live lease on ``key``.
+        """
+        raise NotImplementedError
+
+    # Optional capabilities. A store without one leaves the method raising NotImplementedError;
+    # LockStoreContract skips the matching cases with a reason.
+
+    def leases(self, *, include_inactive: bool = False) -> list[LeaseInfo]:
+        """List leases, held ones first then by key; with ``include_inactive`` also expired and
+        released ones, where the store keeps them."""
+        raise NotImplementedError
+
+    def clear(self) -> None:
+        """Testing aid: free every lease at once, keeping every key's fencing token."""
+        raise NotImplementedError
+
+    def force_release(self, key: str) -> bool:
+        """Operator action: free whoever holds ``key`` (keeping its token). ``True`` if one did."""
+        raise NotImplementedError
+
+    # Life cycle and diagnostics.
+
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """Close the connections this process opened (the next call reconnects)."""
+
+    def check(self, *, databases: Iterable[str] | None = None, deploy: bool = False) -> list[Any]:
+        """System-check messages about this store's configuration (``django.core.checks``).
+
+        Checks that need I/O run only when ``databases`` is given (``check --database``) or with
+        ``deploy``; they use short timeouts and report problems as warnings.
+        """
+        return []
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__}>"

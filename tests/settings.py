@@ -1,0 +1,63 @@
+"""Settings of django_locks' own test suite."""
+
+from __future__ import annotations
+
+SECRET_KEY = "django_locks-tests-not-secret"
+DEBUG = False
+USE_TZ = True
+ALLOWED_HOSTS = ["127.0.0.1", "localhost", "testserver"]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django_locks",
+    "tests.testapp",
+]
+
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+
+ROOT_URLCONF = "tests.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+# The default database is SQLite (its test database is the shared-cache in-memory one). The
+# PostgreSQL alias points at the throwaway cluster tests/servers/postgres.py starts.
+DATABASES: dict[str, dict[str, object]] = {
+    "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"},
+}
+
+# The suite's own tests build their Locks explicitly; the configured service uses the in-memory
+# store, which DEBUG = False would refuse at startup without this opt-in.
+LOCKS = {
+    "BACKEND": "django_locks.stores.InMemoryStore",
+    "ALLOW_IN_MEMORY_STORAGE": True,
+}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "loggers": {"django_locks": {"level": "DEBUG"}},
+}
