@@ -1,0 +1,111 @@
+"""``AbortSignal``: a holder's cancellation token (not a Django signal)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+
+from django_locks.exceptions import AbortedError
+
+logger = logging.getLogger("django_locks")
+
+Callback = Callable[["AbortSignal"], object]
+
+
+class AbortSignal:
+    """Set once, when a lock is lost or released, or when its maker calls :meth:`abort`.
+
+    Work running under a lock polls :attr:`aborted`, blocks on :meth:`wait` /
+    :meth:`wait_async`, or registers a callback. Thread-safe; aborting twice keeps the first
+    reason. A caller may make one to stop a waiting ``acquire()``.
+    """
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._mutex = threading.Lock()
+        self._callbacks: list[Callback] = []
+        self._reason: BaseException | None = None
+
+    def __repr__(self) -> str:
+        state = f"aborted: {self._reason!r}" if self.aborted else "active"
+        return f"<AbortSignal {state}>"
+
+    @property
+    def aborted(self) -> bool:
+        """Whether the signal was aborted."""
+        return self._event.is_set()
+
+    @property
+    def reason(self) -> BaseException | None:
+        """Why it was aborted (a ``LockLostError``, say), or ``None`` while active."""
+        return self._reason
+
+    def raise_if_aborted(self) -> None:
+        """Raise :attr:`reason` if the signal was aborted; do nothing otherwise."""
+        if self._reason is not None:
+            raise self._reason
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until aborted or ``timeout`` seconds passed; return :attr:`aborted`."""
+        return self._event.wait(timeout)
+
+    async def wait_async(self, timeout: float | None = None) -> bool:
+        """Like :meth:`wait` without blocking the event loop; return :attr:`aborted`."""
+        if self.aborted:
+            return True
+        loop = asyncio.get_running_loop()
+        woken = loop.create_future()
+
+        def wake(_: AbortSignal) -> None:
+            loop.call_soon_threadsafe(lambda: woken.done() or woken.set_result(None))
+
+        self.add_callback(wake)
+        try:
+            await asyncio.wait_for(woken, timeout)
+        except TimeoutError:
+            pass
+        finally:
+            self._remove_callback(wake)
+        return self.aborted
+
+    def add_callback(self, fn: Callback) -> None:
+        """Call ``fn(signal)`` once when aborted (at once if it already is).
+
+        Callbacks of a lock's signal run off the renewal thread; a failing callback is logged.
+        """
+        with self._mutex:
+            if not self._event.is_set():
+                self._callbacks.append(fn)
+                return
+        _run_callback(fn, self)
+
+    def abort(self, reason: BaseException | None = None) -> None:
+        """Abort with ``reason`` (default: ``AbortedError``), waking waiters and callbacks."""
+        callbacks = self._set(reason)
+        for fn in callbacks:
+            _run_callback(fn, self)
+
+    def _set(self, reason: BaseException | None) -> list[Callback]:
+        """Mark aborted at once; return the callbacks still to run (empty if already aborted)."""
+        with self._mutex:
+            if self._event.is_set():
+                return []
+            self._reason = reason if reason is not None else AbortedError("aborted")
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        return callbacks
+
+    def _remove_callback(self, fn: Callback) -> None:
+        with self._mutex, contextlib.suppress(ValueError):
+            self._callbacks.remove(fn)
+
+
+
+def _run_callback(fn: Callback, signal: AbortSignal) -> None:
+    try:
+        fn(signal)
+    except Exception:
+        logger.exception("An AbortSignal callback %r failed", fn)

@@ -1,0 +1,34 @@
+"""The django_locks app: validates ``LOCKS`` at startup, registers checks, follows setting changes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.apps import AppConfig
+from django.conf import settings
+from django.core.signals import setting_changed
+
+
+class DjangoLocksConfig(AppConfig):
+    name = "django_locks"
+    verbose_name = "Locks"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from django_locks import checks, conf
+
+        # Refuse a misconfigured deploy here, without I/O: system checks do not run under
+        # gunicorn, uWSGI or Celery. The configured DEBUG is seen here; test runners set
+        # DEBUG = False only later.
+        config = conf.read()
+        conf.build_store(config)
+        conf.refuse_in_memory_in_production(config, debug=settings.DEBUG)
+        checks.register()
+        setting_changed.connect(_on_setting_changed, dispatch_uid="django_locks.setting_changed")
+
+
+def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting == "LOCKS":
+        from django_locks import conf
+
+        conf.reset()

@@ -1,0 +1,84 @@
+"""System checks, ids ``django_locks.E0xx`` / ``W0xx`` (stores add their own from 100 on)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from django.apps import AppConfig
+from django.conf import settings
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+
+from django_locks import conf
+
+
+def register() -> None:
+    checks.register(check_settings, "django_locks")
+    checks.register(check_store, "django_locks", "database")
+    checks.register(check_production, "django_locks", deploy=True)
+    checks.register(check_store_deploy, "django_locks", deploy=True)
+
+
+def check_settings(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """E001: ``LOCKS`` is not valid."""
+    try:
+        conf.build_store(conf.read())
+    except ImproperlyConfigured as exc:
+        return [
+            checks.Error(
+                f"The LOCKS setting is not valid: {exc}",
+                hint="Fix LOCKS as the message says; see the django_locks settings reference.",
+                id="django_locks.E001",
+            )
+        ]
+    return []
+
+
+def check_production(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """E002 (``check --deploy``): the in-memory store would protect one process only."""
+    try:
+        config = conf.read()
+        conf.refuse_in_memory_in_production(config, debug=settings.DEBUG)
+    except ImproperlyConfigured as exc:
+        if "InMemoryStore" not in str(exc):
+            return []  # reported by E001
+        return [
+            checks.Error(
+                "The InMemoryStore only protects one process.",
+                hint=str(exc),
+                id="django_locks.E002",
+            )
+        ]
+    return []
+
+
+def check_store(
+    app_configs: Sequence[AppConfig] | None = None,
+    databases: Iterable[str] | None = None,
+    **kwargs: Any,
+) -> list[checks.CheckMessage]:
+    """The configured store's own checks; its I/O ones only under ``check --database``."""
+    return _store_messages(databases=databases, deploy=False)
+
+
+def check_store_deploy(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """The configured store's deployment checks (``check --deploy``), which may do I/O."""
+    return _store_messages(databases=None, deploy=True)
+
+
+def _store_messages(*, databases: Iterable[str] | None, deploy: bool) -> list[checks.CheckMessage]:
+    try:
+        store = conf.build_store(conf.read())
+    except ImproperlyConfigured:
+        return []  # reported by E001
+    try:
+        return list(store.check(databases=databases, deploy=deploy))
+    finally:
+        store.close()

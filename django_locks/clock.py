@@ -1,0 +1,187 @@
+"""Clocks: where time comes from, and where timers, background store calls and notices run.
+
+``SystemClock`` (the default) runs them on the process's one background renewal mechanism: a
+timer thread that never does I/O (so a hanging store call cannot delay a deadline), a small pool
+for store calls, and a notice thread for signals and callbacks (so a slow receiver cannot delay a
+renewal). All three start lazily and are rebuilt in a child after ``fork()``.
+``django_locks.testing.ManualClock`` runs everything in the thread that moves its time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from django_locks.abort import AbortSignal
+
+logger = logging.getLogger("django_locks")
+
+Task = Callable[[], object]
+
+
+class TimerHandle:
+    """A scheduled call; :meth:`cancel` stops it if it has not run yet."""
+
+    __slots__ = ("callback", "cancelled", "when")
+
+    def __init__(self, when: float, callback: Task) -> None:
+        self.when = when
+        self.callback = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class Clock:
+    """A monotonic time source in seconds, and the executor of the work timed by it."""
+
+    def monotonic(self) -> float:
+        raise NotImplementedError
+
+    def call_at(self, when: float, callback: Task) -> TimerHandle:
+        """Run ``callback()`` (quick, no I/O) once ``monotonic()`` reaches ``when``."""
+        raise NotImplementedError
+
+    def spawn(self, task: Task) -> None:
+        """Run ``task()`` (a store call) in the background."""
+        raise NotImplementedError
+
+    def notify(self, task: Task) -> None:
+        """Run ``task()`` (sending a signal, running callbacks) off the renewal path."""
+        raise NotImplementedError
+
+    def sleep(self, seconds: float, signal: AbortSignal | None = None) -> None:
+        """Wait ``seconds`` of this clock's time, returning early when ``signal`` aborts."""
+        raise NotImplementedError
+
+    async def asleep(self, seconds: float, signal: AbortSignal | None = None) -> None:
+        """:meth:`sleep` for coroutines."""
+        raise NotImplementedError
+
+
+class _TimerThread:
+    """A heap of timers served by one daemon thread."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, TimerHandle]] = []
+        self._seq = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def call_at(self, when: float, callback: Task) -> TimerHandle:
+        handle = TimerHandle(when, callback)
+        with self._cond:
+            heapq.heappush(self._heap, (when, next(self._seq), handle))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="django_locks-timer", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+        return handle
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._heap or self._heap[0][0] > time.monotonic():
+                    delay = self._heap[0][0] - time.monotonic() if self._heap else None
+                    self._cond.wait(delay)
+                _, _, handle = heapq.heappop(self._heap)
+            if handle.cancelled:
+                continue
+            try:
+                handle.callback()
+            except Exception:
+                logger.exception("django_locks timer callback %r failed", handle.callback)
+
+
+class SystemClock(Clock):
+    """The real clock: ``time.monotonic()``, and the process-wide background threads."""
+
+    _POOL_SIZE = 4
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def call_at(self, when: float, callback: Task) -> TimerHandle:
+        return _background().timers.call_at(when, callback)
+
+    def spawn(self, task: Task) -> None:
+        _background().pool.submit(_logged, task)
+
+    def notify(self, task: Task) -> None:
+        _background().notices.put(task)
+
+    def sleep(self, seconds: float, signal: AbortSignal | None = None) -> None:
+        if signal is None:
+            time.sleep(max(seconds, 0))
+        else:
+            signal.wait(max(seconds, 0))
+
+    async def asleep(self, seconds: float, signal: AbortSignal | None = None) -> None:
+        if signal is None:
+            await asyncio.sleep(max(seconds, 0))
+        else:
+            await signal.wait_async(max(seconds, 0))
+
+    def __repr__(self) -> str:
+        return "<SystemClock>"
+
+
+class _Background:
+    """The one background renewal mechanism of this process (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.timers = _TimerThread()
+        self.pool = ThreadPoolExecutor(
+            max_workers=SystemClock._POOL_SIZE, thread_name_prefix="django_locks-renewer"
+        )
+        self.notices: queue.SimpleQueue[Task] = queue.SimpleQueue()
+        threading.Thread(target=self._notice_loop, name="django_locks-notices", daemon=True).start()
+
+    def _notice_loop(self) -> None:
+        while True:
+            _logged(self.notices.get())
+
+
+_background_lock = threading.Lock()
+_background_instance: _Background | None = None
+
+
+def _background() -> _Background:
+    global _background_instance
+    if _background_instance is None:
+        with _background_lock:
+            if _background_instance is None:
+                _background_instance = _Background()
+    return _background_instance
+
+
+def _forget_background_in_child() -> None:
+    # The parent's threads do not exist in a child: start fresh ones on first use. The old pool is
+    # dropped, not shut down (its threads are gone; shutting it down would wait for nothing).
+    global _background_instance, _background_lock
+    _background_instance = None
+    _background_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_background_in_child)
+
+
+def _logged(task: Task) -> None:
+    try:
+        task()
+    except Exception:
+        logger.exception("django_locks background task %r failed", task)
+
+
+system_clock = SystemClock()

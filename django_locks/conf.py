@@ -1,0 +1,161 @@
+"""The ``LOCKS`` setting: read once, merged with the defaults, validated without I/O."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
+
+from django_locks.clock import Clock
+from django_locks.durations import to_milliseconds
+from django_locks.stores.base import LockStore
+
+if TYPE_CHECKING:
+    from django_locks.service import Locks
+
+DEFAULTS: dict[str, Any] = {
+    "BACKEND": "django_locks.stores.DatabaseStore",
+    "OPTIONS": {},
+    "TTL": "30s",
+    "MIN_HOLD": "30s",
+    "ALLOW_IN_MEMORY_STORAGE": False,
+    "CELERY_BEAT_LEADER": False,
+    "CLOCK": None,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class LocksSettings:
+    """``LOCKS`` after validation."""
+
+    backend: type[LockStore]
+    backend_path: str
+    options: dict[str, Any]
+    ttl_ms: int
+    min_hold_ms: int
+    allow_in_memory_storage: bool
+    celery_beat_leader: bool
+    clock: Clock | None
+
+    @property
+    def in_memory(self) -> bool:
+        from django_locks.stores.memory import InMemoryStore
+
+        return issubclass(self.backend, InMemoryStore)
+
+
+def read(raw: object = None) -> LocksSettings:
+    """Validate ``raw`` (default: ``settings.LOCKS``); raise ``ImproperlyConfigured`` naming the fix."""
+    if raw is None:
+        raw = getattr(settings, "LOCKS", {})
+    if not isinstance(raw, dict):
+        raise ImproperlyConfigured(f"LOCKS must be a dict, got {type(raw).__name__}.")
+    unknown = sorted(set(raw) - set(DEFAULTS))
+    if unknown:
+        raise ImproperlyConfigured(
+            f"LOCKS has unknown keys {unknown}; the known keys are {sorted(DEFAULTS)}."
+        )
+    values = {**DEFAULTS, **raw}
+    path = values["BACKEND"]
+    if not isinstance(path, str):
+        raise ImproperlyConfigured(f"LOCKS['BACKEND'] must be a dotted path, got {path!r}.")
+    try:
+        backend = import_string(path)
+    except ImportError as exc:
+        raise ImproperlyConfigured(
+            f"LOCKS['BACKEND'] {path!r} cannot be imported ({exc}). Use "
+            "'django_locks.stores.DatabaseStore', 'django_locks.stores.RedisStore' or the dotted "
+            "path of your own LockStore subclass (installing its extra, such as "
+            "django-locks[redis])."
+        ) from exc
+    if not (isinstance(backend, type) and issubclass(backend, LockStore)):
+        raise ImproperlyConfigured(
+            f"LOCKS['BACKEND'] {path!r} is not a LockStore subclass; subclass "
+            "django_locks.stores.LockStore."
+        )
+    options = values["OPTIONS"]
+    if not isinstance(options, dict):
+        raise ImproperlyConfigured(f"LOCKS['OPTIONS'] must be a dict, got {options!r}.")
+    durations = {}
+    for name in ("TTL", "MIN_HOLD"):
+        try:
+            durations[name] = to_milliseconds(values[name], name=f"LOCKS['{name}']")
+        except (TypeError, ValueError) as exc:
+            raise ImproperlyConfigured(str(exc)) from exc
+    for name in ("ALLOW_IN_MEMORY_STORAGE", "CELERY_BEAT_LEADER"):
+        if not isinstance(values[name], bool):
+            raise ImproperlyConfigured(f"LOCKS['{name}'] must be True or False, got {values[name]!r}.")
+    return LocksSettings(
+        backend=backend,
+        backend_path=path,
+        options=dict(options),
+        ttl_ms=durations["TTL"],
+        min_hold_ms=durations["MIN_HOLD"],
+        allow_in_memory_storage=values["ALLOW_IN_MEMORY_STORAGE"],
+        celery_beat_leader=values["CELERY_BEAT_LEADER"],
+        clock=_read_clock(values["CLOCK"]),
+    )
+
+
+def _read_clock(value: object) -> Clock | None:
+    if value is None or isinstance(value, Clock):
+        return value
+    if isinstance(value, str):
+        try:
+            value = import_string(value)
+        except ImportError as exc:
+            raise ImproperlyConfigured(f"LOCKS['CLOCK'] {value!r} cannot be imported ({exc}).")
+        if isinstance(value, type) and issubclass(value, Clock):
+            return value()
+        if isinstance(value, Clock):
+            return value
+    raise ImproperlyConfigured(
+        f"LOCKS['CLOCK'] must be None, a Clock instance or the dotted path of one, got {value!r}."
+    )
+
+
+def build_store(config: LocksSettings) -> LockStore:
+    """Instantiate the configured store (stores connect lazily: no I/O here)."""
+    options = dict(config.options)
+    if config.in_memory and config.clock is not None:
+        options.setdefault("clock", config.clock)
+    try:
+        return config.backend(**options)
+    except (TypeError, ValueError) as exc:
+        raise ImproperlyConfigured(f"LOCKS['OPTIONS'] are not valid for {config.backend_path}: {exc}")
+
+
+def refuse_in_memory_in_production(config: LocksSettings, *, debug: bool) -> None:
+    """The in-memory store only protects one process: refuse it unless DEBUG or opted in."""
+    if config.in_memory and not debug and not config.allow_in_memory_storage:
+        raise ImproperlyConfigured(
+            "LOCKS['BACKEND'] is the InMemoryStore while DEBUG is False: it only protects one "
+            "process, so every instance would run the jobs it is meant to run once. Use "
+            "'django_locks.stores.DatabaseStore' or 'django_locks.stores.RedisStore', or set "
+            "LOCKS['ALLOW_IN_MEMORY_STORAGE'] = True if you really mean it."
+        )
+
+
+@functools.cache
+def get() -> LocksSettings:
+    """The validated ``LOCKS`` setting, read once (``reset()`` forgets it)."""
+    return read()
+
+
+def build_locks() -> Locks:
+    from django_locks.service import Locks
+
+    config = get()
+    return Locks(build_store(config), ttl=config.ttl_ms / 1000, clock=config.clock)
+
+
+def reset() -> None:
+    """Forget the settings and the default service (``LOCKS`` changed)."""
+    from django_locks.service import locks
+
+    get.cache_clear()
+    locks._reset()  # type: ignore[attr-defined]

@@ -1,0 +1,115 @@
+"""``Lock``: a held lease, renewed in the background until released or lost."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from types import TracebackType
+
+from django.db import connections
+
+from django_locks.abort import AbortSignal
+from django_locks.renewal import Keeper
+
+logger = logging.getLogger("django_locks")
+
+
+class Lock:
+    """A lock this process holds on ``key``.
+
+    While held it is renewed in the background every ``ttl / 3``. ``signal`` aborts when the lock
+    is lost (its reason a ``LockLostError``) or released. ``fencing_token`` is greater than every
+    token the key had before: pass it with the writes the lock protects (``fenced_update``).
+    A ``Lock`` garbage-collected without ``release()`` stops being renewed and lapses at its ttl.
+    Use it as a context manager (``with`` / ``async with``) to release it on exit.
+    """
+
+    __slots__ = ("__weakref__", "_finalizer", "_keeper")
+
+    def __init__(self, keeper: Keeper) -> None:
+        self._keeper = keeper
+        self._finalizer = weakref.finalize(self, keeper.abandon)
+
+    @property
+    def key(self) -> str:
+        return self._keeper.key
+
+    @property
+    def owner(self) -> str:
+        """The unique id the store knows this holder by."""
+        return self._keeper.owner
+
+    @property
+    def fencing_token(self) -> int:
+        return self._keeper.fencing_token
+
+    @property
+    def ttl(self) -> float:
+        """The lease's ttl in seconds."""
+        return self._keeper.ttl
+
+    @property
+    def signal(self) -> AbortSignal:
+        return self._keeper.signal
+
+    @property
+    def held(self) -> bool:
+        """True until released or lost (or the holder deadline passed, even before it fired)."""
+        return self._keeper.held
+
+    @property
+    def deadline(self) -> float:
+        """The holder deadline, in the clock's monotonic seconds (moved by every renewal)."""
+        return self._keeper.deadline
+
+    def release(self) -> bool:
+        """Stop renewing and free the lease at once.
+
+        Returns ``True`` when the store confirmed the lease was still ours, ``False`` when it was
+        already released or lost (no store call then). Raises ``StoreError`` when the store cannot
+        be reached; the lock is not renewed any more either way, so it lapses at its ttl.
+        """
+        self._finalizer.detach()
+        if self._keeper.state == "held" and _in_atomic_block():
+            logger.warning(
+                "Lock %r is released inside transaction.atomic(): the next holder can run before "
+                "this transaction's writes are committed. Take the lock outside the transaction "
+                "(wrap the atomic block in the lock, not the other way round).",
+                self.key,
+            )
+        return self._keeper.release()
+
+    async def arelease(self) -> bool:
+        """:meth:`release` without blocking the event loop."""
+        return await asyncio.to_thread(self.release)
+
+    def __enter__(self) -> Lock:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+    async def __aenter__(self) -> Lock:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.arelease()
+
+    def __repr__(self) -> str:
+        state = "held" if self.held else self._keeper.state
+        return f"<Lock {self.key!r} token={self.fencing_token} {state}>"
+
+
+def _in_atomic_block() -> bool:
+    return any(conn.in_atomic_block for conn in connections.all(initialized_only=True))

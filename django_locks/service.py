@@ -1,0 +1,318 @@
+"""``Locks``: acquire, lock, with_lock and their async twins; and ``locks``, the default service."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import uuid
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from django.utils.functional import LazyObject, empty
+
+from django_locks.abort import AbortSignal
+from django_locks.clock import Clock, system_clock
+from django_locks.context import _current
+from django_locks.durations import Duration, to_milliseconds
+from django_locks.exceptions import LockNotAcquiredError, StoreError, StoreTimeoutError
+from django_locks.keys import validate_key
+from django_locks.lock import Lock
+from django_locks.renewal import DRIFT, MARGIN, Keeper
+from django_locks.stores.base import LockStore
+
+if TYPE_CHECKING:
+    import contextvars
+
+logger = logging.getLogger("django_locks")
+
+T = TypeVar("T")
+
+BACKOFF_FIRST = 0.025
+"""Seconds before the second try of a waiting acquire; doubled each try..."""
+BACKOFF_CAP = 1.0
+"""...up to this many seconds, each delay drawn at random from its upper half (jitter)."""
+
+
+class Locks:
+    """Distributed locks on one store.
+
+    ``ttl`` is the default ttl of every lock; ``clock`` (default: the system clock) times renewals
+    and deadlines, ``django_locks.testing.ManualClock`` in tests. Thread-safe; one per store is
+    enough for a process. ``django_locks.locks`` is the one configured from the ``LOCKS`` setting.
+    """
+
+    def __init__(self, store: LockStore, *, ttl: Duration = "30s", clock: Clock | None = None):
+        if not isinstance(store, LockStore):
+            raise TypeError(f"`store` must be a LockStore, got {type(store).__name__} {store!r}")
+        if clock is not None and not isinstance(clock, Clock):
+            raise TypeError(f"`clock` must be a django_locks Clock, got {clock!r}")
+        self.store = store
+        self.ttl_ms = to_milliseconds(ttl, name="ttl")
+        self.clock = clock if clock is not None else system_clock
+
+    def __repr__(self) -> str:
+        return f"<Locks store={self.store!r} ttl={self.ttl_ms}ms>"
+
+    # Synchronous API.
+
+    def acquire(
+        self,
+        key: str,
+        *,
+        ttl: Duration | None = None,
+        wait: Duration = 0,
+        signal: AbortSignal | None = None,
+    ) -> Lock | None:
+        """Take ``key``; return the ``Lock``, or ``None`` when it stayed taken.
+
+        ``ttl``: the lease's ttl (default: the service's). ``wait``: how long to keep trying
+        (0: try once), retrying with capped exponential backoff and jitter. ``signal``: an
+        ``AbortSignal`` that stops the waiting (``None`` is returned). Raises ``ValueError`` /
+        ``TypeError`` on bad arguments before any I/O, ``StoreError`` when the store fails.
+        """
+        ttl_ms, wait_s = self._check(key, ttl, wait, signal)
+        give_up = self.clock.monotonic() + wait_s
+        attempt = 0
+        while signal is None or not signal.aborted:
+            lock = self._try(key, ttl_ms)
+            if lock is not None:
+                return lock
+            remaining = give_up - self.clock.monotonic()
+            if remaining <= 0:
+                break
+            self.clock.sleep(min(_backoff(attempt), remaining), signal)
+            attempt += 1
+        return None
+
+    def lock(
+        self,
+        key: str,
+        *,
+        ttl: Duration | None = None,
+        wait: Duration = 0,
+        signal: AbortSignal | None = None,
+    ) -> LockBlock:
+        """A context manager holding ``key`` for its block, yielding the ``Lock``.
+
+        Raises ``LockNotAcquiredError`` when the key stayed taken; releases on exit, also when the
+        block raises. Inside, ``current_lock()`` is this lock. ``async with locks.alock(...)`` for
+        coroutines.
+        """
+        self._check(key, ttl, wait, signal)
+        return LockBlock(self, key, ttl, wait, signal)
+
+    def with_lock(
+        self,
+        key: str,
+        fn: Callable[[], T],
+        *,
+        ttl: Duration | None = None,
+        wait: Duration = 0,
+        signal: AbortSignal | None = None,
+    ) -> T:
+        """Run ``fn()`` holding ``key`` and return its result (``LockNotAcquiredError`` if taken)."""
+        if not callable(fn):
+            raise TypeError(f"`fn` must be callable, got {fn!r}")
+        with self.lock(key, ttl=ttl, wait=wait, signal=signal):
+            return fn()
+
+    # Asynchronous twins: store calls run in threads, waiting uses the event loop.
+
+    async def aacquire(
+        self,
+        key: str,
+        *,
+        ttl: Duration | None = None,
+        wait: Duration = 0,
+        signal: AbortSignal | None = None,
+    ) -> Lock | None:
+        """:meth:`acquire` for coroutines. Cancelled mid-call, it releases what it got."""
+        ttl_ms, wait_s = self._check(key, ttl, wait, signal)
+        give_up = self.clock.monotonic() + wait_s
+        attempt = 0
+        while signal is None or not signal.aborted:
+            lock = await self._atry(key, ttl_ms)
+            if lock is not None:
+                return lock
+            remaining = give_up - self.clock.monotonic()
+            if remaining <= 0:
+                break
+            await self.clock.asleep(min(_backoff(attempt), remaining), signal)
+            attempt += 1
+        return None
+
+    def alock(
+        self,
+        key: str,
+        *,
+        ttl: Duration | None = None,
+        wait: Duration = 0,
+        signal: AbortSignal | None = None,
+    ) -> LockBlock:
+        """:meth:`lock` for ``async with``."""
+        self._check(key, ttl, wait, signal)
+        return LockBlock(self, key, ttl, wait, signal)
+
+    async def awith_lock(
+        self,
+        key: str,
+        fn: Callable[[], Awaitable[T]],
+        *,
+        ttl: Duration | None = None,
+        wait: Duration = 0,
+        signal: AbortSignal | None = None,
+    ) -> T:
+        """Await ``fn()`` holding ``key`` and return its result (``LockNotAcquiredError`` if taken)."""
+        if not callable(fn):
+            raise TypeError(f"`fn` must be callable, got {fn!r}")
+        async with self.alock(key, ttl=ttl, wait=wait, signal=signal):
+            return await fn()
+
+    # Internals.
+
+    def _check(
+        self, key: object, ttl: Duration | None, wait: Duration, signal: object
+    ) -> tuple[int, float]:
+        validate_key(key)
+        ttl_ms = self.ttl_ms if ttl is None else to_milliseconds(ttl, name="ttl")
+        wait_s = to_milliseconds(wait, name="wait", allow_zero=True) / 1000
+        if signal is not None and not isinstance(signal, AbortSignal):
+            raise TypeError(f"`signal` must be an AbortSignal or None, got {signal!r}")
+        return ttl_ms, wait_s
+
+    def _try(self, key: str, ttl_ms: int) -> Lock | None:
+        """One acquire round trip with a fresh owner id."""
+        owner = uuid.uuid4().hex
+        sent = self.clock.monotonic()
+        # The call may take no longer than the lease it asks for would be valid.
+        timeout = ttl_ms / 1000 * (1 - DRIFT) - MARGIN
+        try:
+            token = self.store.acquire(key, owner, ttl_ms, timeout=timeout)
+        except StoreTimeoutError:
+            # The store may have granted it before the timeout: acquire is idempotent for the same
+            # owner, so one retry recovers the lease (same token) instead of stranding it.
+            sent = self.clock.monotonic()
+            token = self.store.acquire(key, owner, ttl_ms, timeout=timeout)
+        if token is None:
+            return None
+        keeper = Keeper(
+            store=self.store,
+            clock=self.clock,
+            sender=type(self),
+            key=key,
+            owner=owner,
+            fencing_token=token,
+            ttl_ms=ttl_ms,
+            sent=sent,
+        )
+        return Lock(keeper)
+
+    async def _atry(self, key: str, ttl_ms: int) -> Lock | None:
+        loop = asyncio.get_running_loop()
+        call = loop.run_in_executor(None, self._try, key, ttl_ms)
+        try:
+            return await asyncio.shield(call)
+        except asyncio.CancelledError:
+            call.add_done_callback(lambda done: _release_in_background(loop, done))
+            raise
+
+
+class LockBlock:
+    """What :meth:`Locks.lock` and :meth:`Locks.alock` return: holds the key for one block."""
+
+    def __init__(
+        self,
+        locks: Locks,
+        key: str,
+        ttl: Duration | None,
+        wait: Duration,
+        signal: AbortSignal | None,
+    ) -> None:
+        self._locks = locks
+        self._args: dict[str, Any] = {"ttl": ttl, "wait": wait, "signal": signal}
+        self._key = key
+        self._lock: Lock | None = None
+        self._context_token: contextvars.Token[Lock | None] | None = None
+
+    def _entered(self, lock: Lock | None) -> Lock:
+        if lock is None:
+            wait = to_milliseconds(self._args["wait"], name="wait", allow_zero=True) / 1000
+            raise LockNotAcquiredError(self._key, wait)
+        self._lock = lock
+        self._context_token = _current.set(lock)
+        return lock
+
+    def _leaving(self, failing: bool, release: Callable[[], bool]) -> None:
+        assert self._lock is not None and self._context_token is not None
+        _current.reset(self._context_token)
+        try:
+            release()
+        except StoreError:
+            if not failing:
+                raise
+            # Keep the block's own exception; the lease lapses at its ttl.
+            logger.warning("Releasing lock %r failed", self._key, exc_info=True)
+
+    def __enter__(self) -> Lock:
+        return self._entered(self._locks.acquire(self._key, **self._args))
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._lock is not None
+        self._leaving(exc_type is not None, self._lock.release)
+
+    async def __aenter__(self) -> Lock:
+        return self._entered(await self._locks.aacquire(self._key, **self._args))
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._lock is not None
+        _current.reset(cast("contextvars.Token[Lock | None]", self._context_token))
+        try:
+            await self._lock.arelease()
+        except StoreError:
+            if exc_type is None:
+                raise
+            logger.warning("Releasing lock %r failed", self._key, exc_info=True)
+
+
+def _backoff(attempt: int) -> float:
+    delay = min(BACKOFF_CAP, BACKOFF_FIRST * 2**attempt)
+    return random.uniform(delay / 2, delay)
+
+
+def _release_in_background(loop: asyncio.AbstractEventLoop, done: asyncio.Future[Any]) -> None:
+    if done.cancelled() or done.exception() is not None:
+        return
+    lock = done.result()
+    if lock is not None:
+        loop.run_in_executor(None, lock.release)
+
+
+class DefaultLocks(LazyObject):
+    """The ``Locks`` configured from the ``LOCKS`` setting, built on first use and rebuilt when
+    the setting changes (``override_settings``)."""
+
+    def _setup(self) -> None:
+        from django_locks import conf
+
+        self._wrapped = conf.build_locks()
+
+    def _reset(self) -> None:
+        wrapped = self._wrapped
+        self._wrapped = empty
+        if wrapped is not empty:
+            cast(Locks, wrapped).store.close()
+
+
+locks = cast(Locks, DefaultLocks())

@@ -1,0 +1,653 @@
+"""``RedisStore``: leases in Redis (standalone or Cluster), one Lua script per operation."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import inspect
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from django.conf import settings
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+
+from django_locks.durations import Duration, to_seconds
+from django_locks.exceptions import StoreError, StoreTimeoutError
+from django_locks.stores.base import LeaseInfo, LockStore
+
+try:
+    import redis
+    import redis.cluster
+    import redis.exceptions
+    from redis.backoff import NoBackoff
+    from redis.connection import AbstractConnection, ConnectionPool
+    from redis.retry import Retry
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImproperlyConfigured(
+        "django_locks.stores.RedisStore needs redis-py: pip install 'django-locks[redis]'."
+    ) from exc
+
+# Every script below is atomic because Redis runs a script to completion before it serves any
+# other command: the ownership check and the write it guards are one step, never a read followed
+# by a write from the client. Each script touches only KEYS that share one hash tag, hence one
+# Cluster slot. Expiry is PEXPIRE in milliseconds on the server's clock.
+#
+# KEYS[1] is the lease, a hash {key, owner, holder, token, acquired_at}; KEYS[2] is the key's
+# fencing counter, a string that never expires and only grows.
+
+# A free key gets token max(counter + 1, server TIME in microseconds): the counter keeps tokens
+# growing when the clock does not, the TIME floor keeps them growing when the counter was lost
+# (a crash before the last writes reached the disk, an eviction, a FLUSHALL). string.format('%d')
+# keeps all 16 digits (tostring would print 1.7e+15). The same owner gets its token back and
+# its lease extended, so a retry after a timeout never strands the lease.
+ACQUIRE_SCRIPT = """
+local holder = redis.call('HGET', KEYS[1], 'owner')
+if holder then
+  if holder ~= ARGV[1] then
+    return false
+  end
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return tonumber(redis.call('HGET', KEYS[1], 'token'))
+end
+local now = redis.call('TIME')
+local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
+local token = tonumber(redis.call('GET', KEYS[2]) or '0') + 1
+if token < now_us then
+  token = now_us
+end
+local token_s = string.format('%d', token)
+redis.call('SET', KEYS[2], token_s)
+redis.call('HSET', KEYS[1], 'key', ARGV[4], 'owner', ARGV[1], 'holder', ARGV[3],
+  'token', token_s, 'acquired_at', string.format('%d', math.floor(now_us / 1000)))
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return token
+"""
+
+# Ownership is checked and the expiry moved in one step; an expired lease no longer exists for
+# Redis, so it is never revived.
+RENEW_SCRIPT = """
+if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+# Ownership is checked and the lease deleted in one step; the counter (KEYS[2]) is untouched.
+RELEASE_SCRIPT = """
+if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+"""
+
+# Reads the lease and its remaining time in one step, so the listing never pairs one holder's
+# fields with the next holder's expiry.
+INSPECT_SCRIPT = """
+local lease = redis.call('HMGET', KEYS[1], 'key', 'owner', 'holder', 'token', 'acquired_at')
+if not lease[2] then
+  return false
+end
+lease[6] = redis.call('PTTL', KEYS[1])
+return lease
+"""
+
+_SCRIPTS = {
+    name: (body, hashlib.sha1(body.encode()).hexdigest())
+    for name, body in {
+        "acquire": ACQUIRE_SCRIPT,
+        "renew": RENEW_SCRIPT,
+        "release": RELEASE_SCRIPT,
+        "inspect": INSPECT_SCRIPT,
+    }.items()
+}
+
+_CACHE_BACKENDS = ("django_redis.cache.RedisCache", "django.core.cache.backends.redis.RedisCache")
+# Options of the cache that are ours to decide (timeouts, pool size) or meaningless to a
+# redis-py connection; the rest (db, username, password, ssl_*) are taken as they are.
+_CACHE_IGNORED = {"pool_class", "parser_class", "socket_timeout", "socket_connect_timeout"}
+_CACHE_IGNORED |= {"max_connections", "retry", "retry_on_timeout", "health_check_interval"}
+_CHECK_TIMEOUT = 2.0
+_MAX_REDIRECTS = 3
+# redis-py added the per-read timeout in 5.x; older clients fall back to the connection's own.
+_READ_TAKES_TIMEOUT = "timeout" in inspect.signature(AbstractConnection.read_response).parameters
+
+
+class _Pool:
+    """At most ``size`` connections to one server, for one process; callers wait their deadline."""
+
+    def __init__(self, kwargs: dict[str, Any], connection_class: type[Any], size: int) -> None:
+        self._kwargs = kwargs
+        self._class = connection_class
+        self._idle: list[Any] = []
+        self._slots = threading.BoundedSemaphore(size)
+        self._lock = threading.Lock()
+
+    def get(self, deadline: float) -> tuple[Any, bool]:
+        """A connection and whether it was used before; ``StoreTimeoutError`` past ``deadline``."""
+        if not self._slots.acquire(timeout=max(deadline - time.monotonic(), 0)):
+            raise StoreTimeoutError("No free Redis connection before the call's timeout.")
+        with self._lock:
+            if self._idle:
+                return self._idle.pop(), True
+        return self._class(**self._kwargs), False
+
+    def put(self, conn: Any) -> None:
+        with self._lock:
+            self._idle.append(conn)
+        self._slots.release()
+
+    def discard(self, conn: Any) -> None:
+        conn.disconnect()
+        self._slots.release()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.disconnect()
+
+
+class _Process:
+    """The connections of one process: rebuilt after ``fork()``, never shared with the parent."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.pools: dict[tuple[str, int] | None, _Pool] = {}
+        self.cluster: redis.cluster.RedisCluster | None = None
+        self.moved: dict[int, tuple[str, int]] = {}
+        self.refresh = False
+        self.lock = threading.Lock()
+
+
+class RedisStore(LockStore):
+    """Leases in Redis, each a hash next to a fencing counter under one hash tag.
+
+    Options (``LOCKS["OPTIONS"]``): exactly one of ``url`` (a redis-py URL: ``redis://``,
+    ``rediss://``, ``unix://``) or ``cache`` (an alias of ``CACHES`` using django-redis or Django's
+    ``RedisCache``: its location and credentials are used, on connections of the store's own);
+    ``prefix`` (keys are ``<prefix>:{<digest>}:lease`` and ``...:fence``); ``socket_timeout`` and
+    ``socket_connect_timeout`` (durations, the default bound of a call); ``max_connections`` per
+    server and process; ``cluster=True`` for Redis Cluster. Built without I/O; connects on first
+    use; safe from any thread and across ``fork()``.
+    """
+
+    def __init__(
+        self,
+        *,
+        url: str | None = None,
+        cache: str | None = None,
+        prefix: str = "django_locks",
+        socket_timeout: Duration = 5,
+        socket_connect_timeout: Duration = 2,
+        max_connections: int = 50,
+        cluster: bool = False,
+    ) -> None:
+        if (url is None) == (cache is None):
+            raise ImproperlyConfigured(
+                "RedisStore needs exactly one of the options 'url' (a Redis URL such as "
+                "'redis://localhost:6379/0') or 'cache' (an alias of a Redis cache in CACHES)."
+            )
+        if not isinstance(prefix, str) or not prefix or {"{", "}"} & set(prefix):
+            raise ImproperlyConfigured(
+                f"RedisStore option 'prefix' must be a non-empty string without braces, got "
+                f"{prefix!r}: set it to a name such as 'myproject_locks'."
+            )
+        if isinstance(max_connections, bool) or not isinstance(max_connections, int):
+            raise ImproperlyConfigured(
+                f"RedisStore option 'max_connections' must be an int, got {max_connections!r}."
+            )
+        if max_connections < 1:
+            raise ImproperlyConfigured(
+                f"RedisStore option 'max_connections' must be at least 1, got {max_connections}."
+            )
+        if not isinstance(cluster, bool):
+            raise ImproperlyConfigured(
+                f"RedisStore option 'cluster' must be a bool, got {cluster!r}."
+            )
+        try:
+            self.socket_timeout = to_seconds(socket_timeout, name="socket_timeout")
+            self.socket_connect_timeout = to_seconds(
+                socket_connect_timeout, name="socket_connect_timeout"
+            )
+        except (TypeError, ValueError) as exc:
+            raise ImproperlyConfigured(f"RedisStore option {exc}") from exc
+        if cache is not None:
+            url, extra = _from_cache(cache)
+        else:
+            extra = {}
+        if not isinstance(url, str):
+            raise ImproperlyConfigured(f"RedisStore option 'url' must be a string, got {url!r}.")
+        try:
+            parsed = ConnectionPool.from_url(url, **extra)
+        except (ValueError, TypeError) as exc:
+            raise ImproperlyConfigured(
+                f"RedisStore option 'url' is not a Redis URL ({exc}): use "
+                "'redis://[[username]:password@]host:port/db', 'rediss://...' or 'unix://path'."
+            ) from exc
+        self.url = url
+        self.cache = cache
+        self.prefix = prefix
+        self.max_connections = max_connections
+        self.cluster = cluster
+        self._extra = extra
+        self._connection_class: type[Any] = parsed.connection_class
+        self._connection_kwargs = {
+            **parsed.connection_kwargs,
+            "socket_timeout": self.socket_timeout,
+            "socket_connect_timeout": self.socket_connect_timeout,
+            # One attempt per call: retrying is the caller's decision, within its deadline.
+            "retry": Retry(NoBackoff(), 0),
+        }
+        self._process: _Process | None = None
+        self._process_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        where = f"cache={self.cache!r}" if self.cache else f"url={_redact(self.url)!r}"
+        return f"<RedisStore {where} prefix={self.prefix!r}{' cluster' if self.cluster else ''}>"
+
+    # The contract (see LockStore for every rule).
+
+    def acquire(
+        self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None
+    ) -> int | None:
+        holder = f"{socket.gethostname()}:{os.getpid()}"
+        result = self._eval("acquire", key, (owner, ttl_ms, holder, key), timeout)
+        return None if result is None else int(result)
+
+    def renew(self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None) -> bool:
+        return self._eval("renew", key, (owner, ttl_ms), timeout) == 1
+
+    def release(self, key: str, owner: str, *, timeout: float | None = None) -> bool:
+        return self._eval("release", key, (owner,), timeout) == 1
+
+    def leases(self, *, include_inactive: bool = False) -> list[LeaseInfo]:
+        """Held leases only: Redis forgets a lease once it is released or expired."""
+        found = []
+        for node, name in self._scan_leases():
+            row = self._call(node, ("EVALSHA", _SCRIPTS["inspect"][1], 1, name), None, "inspect")
+            if row is None:
+                continue
+            key, owner, holder, token, acquired_at, pttl = row
+            found.append(
+                LeaseInfo(
+                    key=key.decode(),
+                    state="held",
+                    owner=owner.decode(),
+                    holder=holder.decode(),
+                    fencing_token=int(token),
+                    acquired_at=datetime.datetime.fromtimestamp(
+                        int(acquired_at) / 1000, tz=datetime.UTC
+                    ),
+                    # PTTL is -1 only for a lease someone stripped of its expiry by hand.
+                    expires_in=datetime.timedelta(milliseconds=int(pttl)) if pttl >= 0 else None,
+                )
+            )
+        return sorted(found, key=lambda lease: lease.key)
+
+    def clear(self) -> None:
+        for node, name in self._scan_leases():
+            self._call(node, ("DEL", name), None)
+
+    def force_release(self, key: str) -> bool:
+        lease, _ = self._keys(key)
+        return self._routed(lease, ("DEL", lease), None) == 1
+
+    def close(self) -> None:
+        with self._process_lock:
+            process, self._process = self._process, None
+        if process is not None and process.pid == os.getpid():
+            for pool in process.pools.values():
+                pool.close()
+            if process.cluster is not None:
+                process.cluster.close()
+
+    def check(self, *, databases: Iterable[str] | None = None, deploy: bool = False) -> list[Any]:
+        """Warnings about the server's persistence and eviction (``--deploy`` / ``--database``)."""
+        if not deploy and not databases:
+            return []
+        try:
+            nodes = self._primaries(time.monotonic() + _CHECK_TIMEOUT)
+            found: list[Any] = []
+            for node in nodes:
+                found += self._check_node(node)
+            return found
+        except StoreError as exc:
+            return [
+                checks.Warning(
+                    f"django_locks could not reach Redis at {_redact(self.url)} to check its "
+                    f"persistence and eviction settings: {exc.__cause__ or exc}",
+                    hint="Start the server or fix LOCKS['OPTIONS'], then run the check again.",
+                    id="django_locks.W206",
+                )
+            ]
+
+    # Keys and routing.
+
+    def _keys(self, key: str) -> tuple[bytes, bytes]:
+        # The hash tag is a digest, so braces or any other character in a key cannot move the
+        # tag, and the lease and its counter always share one Cluster slot. 128 bits: even a
+        # collision would only make two keys contend; the shared counter still only grows.
+        tag = hashlib.sha256(key.encode()).hexdigest()[:32]
+        base = f"{self.prefix}:{{{tag}}}:"
+        return (base + "lease").encode(), (base + "fence").encode()
+
+    def _eval(self, script: str, key: str, args: tuple[Any, ...], timeout: float | None) -> Any:
+        lease, fence = self._keys(key)
+        return self._routed(
+            lease, ("EVALSHA", _SCRIPTS[script][1], 2, lease, fence, *args), timeout, script
+        )
+
+    def _routed(
+        self,
+        name: bytes,
+        command: tuple[Any, ...],
+        timeout: float | None,
+        script: str | None = None,
+    ) -> Any:
+        deadline = self._deadline(timeout)
+        node = self._node_for(name, deadline)
+        for _ in range(_MAX_REDIRECTS):
+            try:
+                return self._call(node, command, deadline, script)
+            except redis.exceptions.AskError as exc:
+                # MovedError is an AskError; a real ASK (slot migrating) is not remembered.
+                if isinstance(exc, redis.exceptions.MovedError):
+                    self._state().moved[exc.slot_id] = (exc.host, exc.port)
+                node = (exc.host, exc.port)
+        raise StoreError(f"Redis Cluster redirected {name!r} more than {_MAX_REDIRECTS} times.")
+
+    def _node_for(self, name: bytes, deadline: float) -> tuple[str, int] | None:
+        if not self.cluster:
+            return None
+        process = self._state()
+        cluster = self._cluster(process, deadline)
+        slot = cluster.keyslot(name)
+        if slot in process.moved:
+            return process.moved[slot]
+        try:
+            node = cluster.nodes_manager.slots_cache[slot][0]
+        except (KeyError, IndexError) as exc:
+            raise StoreError(f"No Redis Cluster node serves slot {slot}.") from exc
+        return (node.host, node.port)
+
+    def _primaries(self, deadline: float) -> list[tuple[str, int] | None]:
+        if not self.cluster:
+            return [None]
+        cluster = self._cluster(self._state(), deadline)
+        return [(node.host, node.port) for node in cluster.get_primaries()]
+
+    def _scan_leases(self) -> Iterator[tuple[tuple[str, int] | None, bytes]]:
+        pattern = _glob_escape(self.prefix) + ":{*}:lease"
+        for node in self._primaries(self._deadline(None)):
+            cursor = b"0"
+            while True:
+                cursor, names = self._call(
+                    node, ("SCAN", cursor, "MATCH", pattern, "COUNT", 1000), None
+                )
+                for name in names:
+                    yield node, name
+                if cursor in (b"0", 0):
+                    break
+
+    # Connections and calls.
+
+    def _deadline(self, timeout: float | None) -> float:
+        if timeout is None:
+            timeout = self.socket_timeout
+        return time.monotonic() + timeout
+
+    def _state(self) -> _Process:
+        process = self._process
+        if process is None or process.pid != os.getpid():
+            with self._process_lock:
+                process = self._process
+                if process is None or process.pid != os.getpid():
+                    # After fork() the parent's connections are dropped without being closed:
+                    # redis-py only shuts a socket down in the process that opened it.
+                    process = self._process = _Process()
+        return process
+
+    def _cluster(self, process: _Process, deadline: float) -> redis.cluster.RedisCluster:
+        with process.lock:
+            if process.cluster is not None and process.refresh:
+                # A node failed: ask the cluster for its topology again (a failover moves
+                # slots to a replica without a MOVED for the slots we never asked about).
+                process.refresh = False
+                process.moved.clear()
+                try:
+                    process.cluster.nodes_manager.initialize()
+                except redis.exceptions.RedisError as exc:
+                    process.refresh = True
+                    raise _translate(exc, "refreshing the Redis Cluster topology") from exc
+            if process.cluster is None:
+                # The topology only; lock calls go through the store's own pools.
+                timeout = max(min(self.socket_connect_timeout, deadline - time.monotonic()), 0.001)
+                try:
+                    process.cluster = redis.cluster.RedisCluster.from_url(
+                        self.url,
+                        **self._extra,
+                        socket_timeout=timeout,
+                        socket_connect_timeout=timeout,
+                    )
+                except redis.exceptions.RedisError as exc:
+                    raise _translate(exc, "discovering the Redis Cluster") from exc
+            return process.cluster
+
+    def _pool(self, node: tuple[str, int] | None) -> _Pool:
+        process = self._state()
+        with process.lock:
+            pool = process.pools.get(node)
+            if pool is None:
+                kwargs = dict(self._connection_kwargs)
+                if node is not None:
+                    kwargs["host"], kwargs["port"] = node
+                pool = process.pools[node] = _Pool(
+                    kwargs, self._connection_class, self.max_connections
+                )
+            return pool
+
+    def _call(
+        self,
+        node: tuple[str, int] | None,
+        command: tuple[Any, ...],
+        deadline: float | None,
+        script: str | None = None,
+    ) -> Any:
+        """Run ``command`` on ``node`` before ``deadline``; EVALSHA reloads its script on NOSCRIPT.
+
+        Raises ``AskError`` (a Cluster redirection) as it is, every other failure as a
+        ``StoreError`` chained to redis-py's error. A connection that failed or timed out is
+        discarded; one that got an error reply is in step and goes back to the pool.
+        """
+        if deadline is None:
+            deadline = self._deadline(None)
+        if deadline <= time.monotonic():
+            raise StoreTimeoutError("The Redis call's timeout had passed before it was sent.")
+        pool = self._pool(node)
+        conn, reused = pool.get(deadline)
+        try:
+            self._ready(conn, reused, deadline)
+            try:
+                reply = self._roundtrip(conn, command, deadline)
+            except redis.exceptions.NoScriptError:
+                # The server restarted or ran SCRIPT FLUSH: the script never ran, so loading
+                # it and sending the same call again cannot run it twice.
+                if script is None:
+                    raise
+                self._roundtrip(conn, ("SCRIPT", "LOAD", _SCRIPTS[script][0]), deadline)
+                reply = self._roundtrip(conn, command, deadline)
+        except redis.exceptions.ResponseError as exc:
+            pool.put(conn)
+            if isinstance(exc, redis.exceptions.AskError):
+                raise
+            raise _translate(exc, f"running {command[0]}") from exc
+        except BaseException as exc:
+            pool.discard(conn)
+            if isinstance(exc, redis.exceptions.RedisError | OSError):
+                if node is not None:
+                    self._state().refresh = True
+                raise _translate(exc, f"running {command[0]}") from exc
+            raise
+        pool.put(conn)
+        return reply
+
+    def _ready(self, conn: Any, reused: bool, deadline: float) -> None:
+        # A pooled connection the server has closed (a restart, a client timeout) reads as EOF
+        # at once: reconnect rather than fail the call.
+        if reused:
+            try:
+                stale = conn.can_read(timeout=0)
+            except (redis.exceptions.ConnectionError, OSError):
+                stale = True
+            if not stale:
+                return
+            conn.disconnect()
+        remaining = _remaining(deadline)
+        conn.socket_connect_timeout = min(self.socket_connect_timeout, remaining)
+        conn.socket_timeout = min(self.socket_timeout, remaining)
+        conn.connect()
+
+    def _roundtrip(self, conn: Any, command: tuple[Any, ...], deadline: float) -> Any:
+        conn.send_command(*command, check_health=False)
+        if _READ_TAKES_TIMEOUT:
+            return conn.read_response(timeout=_remaining(deadline))
+        return conn.read_response()
+
+    def _check_node(self, node: tuple[str, int] | None) -> list[Any]:
+        deadline = time.monotonic() + _CHECK_TIMEOUT
+        where = f"{node[0]}:{node[1]}" if node else _redact(self.url)
+        config = {}
+        try:
+            for name in ("appendonly", "appendfsync", "save", "maxmemory-policy"):
+                reply = self._call(node, ("CONFIG", "GET", name), deadline)
+                config[name] = reply[1].decode() if len(reply) == 2 else ""
+        except StoreError as exc:
+            if not isinstance(exc.__cause__, redis.exceptions.ResponseError):
+                raise
+            return [
+                checks.Warning(
+                    f"Redis at {where} refuses CONFIG GET ({exc}), as managed Redis services "
+                    "often do: django_locks cannot verify that it persists leases and fencing "
+                    "counters and never evicts them.",
+                    hint="In your provider's settings make sure of: appendonly yes, appendfsync "
+                    "always, maxmemory-policy noeviction. Then silence this warning with "
+                    "SILENCED_SYSTEM_CHECKS = ['django_locks.W205'].",
+                    id="django_locks.W205",
+                )
+            ]
+        return _config_warnings(where, config)
+
+
+def _config_warnings(where: str, config: dict[str, str]) -> list[Any]:
+    found = []
+    fix = "Set 'appendonly yes' and 'appendfsync always' in redis.conf (or with CONFIG SET)."
+    if config["appendonly"] != "yes" and not config["save"].strip():
+        found.append(
+            checks.Warning(
+                f"Redis at {where} has no persistence (appendonly no, save ''): a restart "
+                "frees every held lock at once, so two processes can hold one lock.",
+                hint=fix,
+                id="django_locks.W201",
+            )
+        )
+    elif config["appendonly"] != "yes":
+        found.append(
+            checks.Warning(
+                f"Redis at {where} persists only RDB snapshots (appendonly no): a restart "
+                "frees every lock taken since the last snapshot while its holder still runs.",
+                hint=fix,
+                id="django_locks.W202",
+            )
+        )
+    elif config["appendfsync"] != "always":
+        found.append(
+            checks.Warning(
+                f"Redis at {where} fsyncs its append-only file '{config['appendfsync']}', not "
+                "'always': a crash of the machine can lose the last locks taken, and the "
+                "fencing counters then depend on the server's clock alone.",
+                hint="Set 'appendfsync always' in redis.conf (or with CONFIG SET).",
+                id="django_locks.W203",
+            )
+        )
+    if config["maxmemory-policy"] != "noeviction":
+        found.append(
+            checks.Warning(
+                f"Redis at {where} evicts keys (maxmemory-policy {config['maxmemory-policy']}): "
+                "under memory pressure it can delete a held lock (every lease has a TTL, so "
+                "volatile-* policies evict them too).",
+                hint="Set 'maxmemory-policy noeviction', and keep caches on another Redis.",
+                id="django_locks.W204",
+            )
+        )
+    return found
+
+
+def _from_cache(alias: str) -> tuple[str, dict[str, Any]]:
+    """The URL and connection options of the Redis cache ``alias``, read from settings only."""
+    caches = getattr(settings, "CACHES", {})
+    if alias not in caches:
+        raise ImproperlyConfigured(
+            f"RedisStore option 'cache' names {alias!r}, which is not in CACHES "
+            f"({', '.join(map(repr, caches)) or 'none defined'}): name a Redis cache, or use 'url'."
+        )
+    config = caches[alias]
+    if config.get("BACKEND") not in _CACHE_BACKENDS:
+        raise ImproperlyConfigured(
+            f"RedisStore option 'cache' names {alias!r}, whose BACKEND {config.get('BACKEND')!r} "
+            f"is not a Redis cache: use one of {', '.join(_CACHE_BACKENDS)}, or the 'url' option."
+        )
+    location = config.get("LOCATION")
+    if isinstance(location, list | tuple):
+        # Both backends write to the first location; the others are read replicas.
+        location = location[0] if location else None
+    if not isinstance(location, str) or not location:
+        location = None
+    if location and "," in location:
+        location = location.split(",")[0]
+    if location is None:
+        raise ImproperlyConfigured(
+            f"The cache {alias!r} has no LOCATION: set it to a Redis URL, or use 'url'."
+        )
+    options = dict(config.get("OPTIONS") or {})
+    if config["BACKEND"].startswith("django_redis"):
+        extra = dict(options.get("CONNECTION_POOL_KWARGS") or {})
+        for name in ("PASSWORD", "USERNAME"):
+            if name in options:
+                extra[name.lower()] = options[name]
+    else:
+        extra = {k: v for k, v in options.items() if k == k.lower()}
+    return location, {k: v for k, v in extra.items() if k not in _CACHE_IGNORED}
+
+
+def _translate(exc: BaseException, doing: str) -> StoreError:
+    """The one place a redis-py error becomes a ``StoreError`` (callers chain it)."""
+    if isinstance(exc, redis.exceptions.TimeoutError | socket.timeout | StoreTimeoutError):
+        return StoreTimeoutError(f"Redis did not answer in time while {doing}; connection dropped.")
+    if isinstance(exc, StoreError):
+        return exc
+    return StoreError(f"Redis failed while {doing}: {exc}")
+
+
+def _remaining(deadline: float) -> float:
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise StoreTimeoutError("The Redis call's timeout passed.")
+    return remaining
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+def _redact(url: str | None) -> str:
+    if url and "@" in url:
+        scheme, _, rest = url.partition("://")
+        return f"{scheme}://***@{rest.rpartition('@')[2]}"
+    return url or ""

@@ -1,0 +1,83 @@
+"""``ManualClock``: time that moves only when a test says so."""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import threading
+
+from django_locks.abort import AbortSignal
+from django_locks.clock import Clock, Task, TimerHandle
+from django_locks.durations import Duration, to_seconds
+
+logger = logging.getLogger("django_locks")
+
+
+class ManualClock(Clock):
+    """A clock that stands still until :meth:`advance` moves it.
+
+    ``advance()`` fires every timer due on the way (renewals, retries, deadlines) in time order,
+    each at its own instant, running the store calls and the notifications (``lock_lost``, signal
+    callbacks) in the calling thread: when ``advance()`` returns, each has reached the store.
+    A process whose clock does not move behaves like a paused process: with a server store, whose
+    clock is real, its leases expire for real. ``sleep()`` (a waiting acquire) blocks until another
+    thread advances the clock far enough, or the signal aborts.
+    """
+
+    def __init__(self, start: float = 0.0) -> None:
+        self._now = float(start)
+        self._cond = threading.Condition(threading.RLock())
+        self._advancing = threading.Lock()
+        self._timers: list[tuple[float, int, TimerHandle]] = []
+        self._seq = itertools.count()
+
+    def __repr__(self) -> str:
+        return f"<ManualClock at {self._now:g}s, {len(self._timers)} timers>"
+
+    def monotonic(self) -> float:
+        return self._now
+
+    def call_at(self, when: float, callback: Task) -> TimerHandle:
+        handle = TimerHandle(when, callback)
+        with self._cond:
+            heapq.heappush(self._timers, (when, next(self._seq), handle))
+        return handle
+
+    def spawn(self, task: Task) -> None:
+        task()
+
+    def notify(self, task: Task) -> None:
+        task()
+
+    def advance(self, duration: Duration) -> None:
+        """Move time forward by ``duration``, firing everything due on the way, in order."""
+        target = self._now + to_seconds(duration, name="duration", allow_zero=True)
+        with self._advancing:
+            while True:
+                with self._cond:
+                    while self._timers and self._timers[0][2].cancelled:
+                        heapq.heappop(self._timers)
+                    if not self._timers or self._timers[0][0] > target:
+                        self._now = target
+                        self._cond.notify_all()
+                        return
+                    when, _, handle = heapq.heappop(self._timers)
+                    self._now = max(self._now, when)
+                    self._cond.notify_all()
+                try:
+                    handle.callback()
+                except Exception:
+                    logger.exception("ManualClock timer callback %r failed", handle.callback)
+
+    def sleep(self, seconds: float, signal: AbortSignal | None = None) -> None:
+        wake_at = self._now + seconds
+        with self._cond:
+            while self._now < wake_at and not (signal is not None and signal.aborted):
+                self._cond.wait(0.01)
+
+    async def asleep(self, seconds: float, signal: AbortSignal | None = None) -> None:
+        wake_at = self._now + seconds
+        while self._now < wake_at and not (signal is not None and signal.aborted):
+            await asyncio.sleep(0.005)

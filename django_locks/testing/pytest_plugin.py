@@ -1,0 +1,21 @@
+"""pytest plugin (registered by the ``django-locks`` distribution): the ``locks_reset`` fixture."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+
+@pytest.fixture
+def locks_reset() -> Iterator[None]:
+    """Free every lease of the configured store before and after the test.
+
+    Add it to ``usefixtures`` (or an autouse fixture in your ``conftest.py``). With the database
+    store, use it in tests that have database access.
+    """
+    from django_locks.testing.reset import reset_locks
+
+    reset_locks()
+    yield
+    reset_locks()
