@@ -26,6 +26,7 @@ try:
     import redis.exceptions
     from redis.backoff import NoBackoff
     from redis.connection import AbstractConnection, ConnectionPool
+    from redis.crc import key_slot
     from redis.retry import Retry
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImproperlyConfigured(
@@ -262,10 +263,10 @@ class RedisStore(LockStore):
         return None if result is None else int(result)
 
     def renew(self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None) -> bool:
-        return self._eval("renew", key, (owner, ttl_ms), timeout) == 1
+        return bool(self._eval("renew", key, (owner, ttl_ms), timeout) == 1)
 
     def release(self, key: str, owner: str, *, timeout: float | None = None) -> bool:
-        return self._eval("release", key, (owner,), timeout) == 1
+        return bool(self._eval("release", key, (owner,), timeout) == 1)
 
     def leases(self, *, include_inactive: bool = False) -> list[LeaseInfo]:
         """Held leases only: Redis forgets a lease once it is released or expired."""
@@ -297,7 +298,7 @@ class RedisStore(LockStore):
 
     def force_release(self, key: str) -> bool:
         lease, _ = self._keys(key)
-        return self._routed(lease, ("DEL", lease), None) == 1
+        return bool(self._routed(lease, ("DEL", lease), None) == 1)
 
     def close(self) -> None:
         with self._process_lock:
@@ -368,7 +369,7 @@ class RedisStore(LockStore):
             return None
         process = self._state()
         cluster = self._cluster(process, deadline)
-        slot = cluster.keyslot(name)
+        slot = key_slot(name)
         if slot in process.moved:
             return process.moved[slot]
         try:
@@ -381,7 +382,7 @@ class RedisStore(LockStore):
         if not self.cluster:
             return [None]
         cluster = self._cluster(self._state(), deadline)
-        return [(node.host, node.port) for node in cluster.get_primaries()]
+        return [(node.host, node.port) for node in cluster.get_primaries()]  # type: ignore[no-untyped-call]
 
     def _scan_leases(self) -> Iterator[tuple[tuple[str, int] | None, bytes]]:
         pattern = _glob_escape(self.prefix) + ":{*}:lease"
@@ -527,7 +528,9 @@ class RedisStore(LockStore):
         try:
             for name in ("appendonly", "appendfsync", "save", "maxmemory-policy"):
                 reply = self._call(node, ("CONFIG", "GET", name), deadline)
-                config[name] = reply[1].decode() if len(reply) == 2 else ""
+                # A map under RESP3, a [name, value] list under RESP2.
+                values = list(reply.values()) if isinstance(reply, dict) else reply[1:]
+                config[name] = values[0].decode() if values else ""
         except StoreError as exc:
             if not isinstance(exc.__cause__, redis.exceptions.ResponseError):
                 raise
