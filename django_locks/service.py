@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import threading
 import uuid
 from collections.abc import Awaitable, Callable
 from types import TracebackType
@@ -210,12 +211,31 @@ class Locks:
         return Lock(keeper)
 
     async def _atry(self, key: str, ttl_ms: int) -> Lock | None:
-        loop = asyncio.get_running_loop()
-        call = loop.run_in_executor(None, self._try, key, ttl_ms)
+        """:meth:`_try` in a thread. When the awaiting task is cancelled mid-call, whichever side
+        sees the lock last (the thread, or the cancelled task) releases it."""
+        mutex = threading.Lock()
+        handed: list[Lock | None] = []
+        cancelled = False
+
+        def attempt() -> Lock | None:
+            lock = self._try(key, ttl_ms)
+            with mutex:
+                if not cancelled:
+                    handed.append(lock)
+                    return lock
+            if lock is not None:
+                lock.release()
+            return None
+
+        call = asyncio.get_running_loop().run_in_executor(None, attempt)
         try:
             return await asyncio.shield(call)
         except asyncio.CancelledError:
-            call.add_done_callback(lambda done: _release_in_background(loop, done))
+            with mutex:
+                cancelled = True
+                got = handed[0] if handed else None
+            if got is not None:
+                self.clock.spawn(got.release)
             raise
 
 
@@ -289,14 +309,6 @@ class LockBlock:
 def _backoff(attempt: int) -> float:
     delay = min(BACKOFF_CAP, BACKOFF_FIRST * 2**attempt)
     return random.uniform(delay / 2, delay)
-
-
-def _release_in_background(loop: asyncio.AbstractEventLoop, done: asyncio.Future[Any]) -> None:
-    if done.cancelled() or done.exception() is not None:
-        return
-    lock = done.result()
-    if lock is not None:
-        loop.run_in_executor(None, lock.release)
 
 
 class DefaultLocks(LazyObject):

@@ -52,8 +52,19 @@ class ManualClock(Clock):
         task()
 
     def advance(self, duration: Duration) -> None:
-        """Move time forward by ``duration``, firing everything due on the way, in order."""
+        """Move time forward by ``duration``, firing everything due on the way, in order, each
+        at its own instant."""
+        self._run_until(self._now + to_seconds(duration, name="duration", allow_zero=True))
+
+    def resume_after(self, duration: Duration) -> None:
+        """Act out a process paused for ``duration``: time jumps at once, then everything that
+        fell due during the pause fires, late, in order (as timers do when a process wakes up)."""
         target = self._now + to_seconds(duration, name="duration", allow_zero=True)
+        with self._cond:
+            self._now = target
+        self._run_until(target)
+
+    def _run_until(self, target: float) -> None:
         with self._advancing:
             while True:
                 with self._cond:

@@ -1,0 +1,78 @@
+"""Small test helpers: recording signals, polling, a store wrapper that injects faults."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from django.dispatch import Signal
+
+from django_locks.exceptions import StoreError
+from django_locks.stores.base import LockStore
+
+
+@contextmanager
+def recording(signal: Signal) -> Iterator[list[dict[str, Any]]]:
+    """Collect every sending of ``signal`` (its keyword arguments) during the block."""
+    received: list[dict[str, Any]] = []
+
+    def receiver(sender: Any, **kwargs: Any) -> None:
+        kwargs.pop("signal", None)
+        received.append(kwargs)
+
+    signal.connect(receiver, weak=False)
+    try:
+        yield received
+    finally:
+        signal.disconnect(receiver)
+
+
+def eventually(predicate: Callable[[], bool], *, timeout: float = 10.0, what: str = "") -> float:
+    """Poll until ``predicate()``; return the seconds it took; fail after ``timeout``."""
+    start = time.monotonic()
+    while not predicate():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"not true after {timeout}s: {what or predicate}")
+        time.sleep(0.005)
+    return time.monotonic() - start
+
+
+class FaultyStore(LockStore):
+    """Passes calls to a real store, except the operations told to fail or hang.
+
+    A fault injector around a real store (the store's behaviour is the real one's); it stands in
+    for "the network to the store is down" or "a call hangs".
+    """
+
+    def __init__(self, inner: LockStore) -> None:
+        self.inner = inner
+        self.failing: set[str] = set()
+        self.hanging: set[str] = set()
+        self.unhang = threading.Event()
+        self.calls: list[str] = []
+
+    def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        self.calls.append(name)
+        if name in self.hanging:
+            self.unhang.wait(30)
+        if name in self.failing:
+            raise StoreError(f"{name}: store unreachable (injected)")
+        return getattr(self.inner, name)(*args, **kwargs)
+
+    def acquire(self, key, owner, ttl_ms, *, timeout=None):  # type: ignore[no-untyped-def]
+        return self._call("acquire", key, owner, ttl_ms)
+
+    def renew(self, key, owner, ttl_ms, *, timeout=None):  # type: ignore[no-untyped-def]
+        return self._call("renew", key, owner, ttl_ms)
+
+    def release(self, key, owner, *, timeout=None):  # type: ignore[no-untyped-def]
+        return self._call("release", key, owner)
+
+    def leases(self, *, include_inactive=False):  # type: ignore[no-untyped-def]
+        return self.inner.leases(include_inactive=include_inactive)
+
+    def clear(self) -> None:
+        self.inner.clear()
