@@ -1,3 +1,53 @@
 """Fixtures shared by the whole suite; servers come from tests/servers/."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[Any]:
+    """One durable redis-server (AOF, appendfsync always, noeviction) for the whole session."""
+    from tests.servers.redis import RedisServer
+
+    server = RedisServer().start()
+    yield server
+    server.destroy()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[Any]:
+    """A 3-master Redis Cluster on loopback for the whole session."""
+    from tests.servers.redis import RedisClusterServers
+
+    cluster = RedisClusterServers()
+    try:
+        cluster.start()
+    except Exception:
+        cluster.destroy()
+        raise
+    yield cluster
+    cluster.destroy()
+
+
+@pytest.fixture
+def make_redis_server() -> Iterator[Any]:
+    """Start per-test redis-servers (``make_redis_server(config)``); their logs on failure."""
+    from tests.servers import dump_log
+    from tests.servers.redis import RedisServer
+
+    servers: list[Any] = []
+
+    def make(config: dict[str, str] | None = None, extra: tuple[str, ...] = ()) -> Any:
+        server = RedisServer(config, extra=extra)
+        servers.append(server)
+        return server.start()
+
+    yield make
+    for server in servers:
+        # Printed during teardown: pytest shows it only for a failed test.
+        print(f"--- {server.log} ---\n{dump_log(server.log)}")
+        server.destroy()

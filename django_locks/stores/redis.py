@@ -43,9 +43,11 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 # A free key gets token max(counter + 1, server TIME in microseconds): the counter keeps tokens
 # growing when the clock does not, the TIME floor keeps them growing when the counter was lost
-# (a crash before the last writes reached the disk, an eviction, a FLUSHALL). string.format('%d')
-# keeps all 16 digits (tostring would print 1.7e+15). The same owner gets its token back and
-# its lease extended, so a retry after a timeout never strands the lease.
+# (a crash before the last writes reached the disk, an eviction, a FLUSHALL). Lua numbers are
+# doubles, exact up to 2^53 (TIME in microseconds gets there in the year 2255): a token beyond
+# is refused, never rounded. string.format('%d') keeps all 16 digits where tostring would print
+# 1.7e+15. The same owner gets its token back and its lease extended, so a retry after a
+# timeout never strands the lease.
 ACQUIRE_SCRIPT = """
 local holder = redis.call('HGET', KEYS[1], 'owner')
 if holder then
@@ -60,6 +62,9 @@ local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
 local token = tonumber(redis.call('GET', KEYS[2]) or '0') + 1
 if token < now_us then
   token = now_us
+end
+if token > 9007199254740991 then
+  return redis.error_reply('django_locks: fencing token beyond 2^53 - 1, Lua numbers lose digits')
 end
 local token_s = string.format('%d', token)
 redis.call('SET', KEYS[2], token_s)

@@ -1,0 +1,347 @@
+"""RedisStore against a real redis-server: the contract, key layout, scripts, timeouts, fork."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+import time
+import uuid
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
+from redis.crc import key_slot
+
+from django_locks.exceptions import StoreError, StoreTimeoutError
+from django_locks.stores.redis import RedisStore
+from django_locks.testing import LockStoreContract
+
+
+@pytest.fixture(scope="class")
+def _redis_on_class(request, redis_server):
+    request.cls.redis_url = redis_server.url
+
+
+@pytest.mark.redis
+@pytest.mark.usefixtures("_redis_on_class")
+class RedisStoreContract(LockStoreContract):
+    """The contract on 8 connections with 32 racing callers."""
+
+    concurrent_callers = 32
+    redis_url: str
+
+    def make_store(self) -> RedisStore:
+        return RedisStore(url=self.redis_url, max_connections=8)
+
+
+def _owner() -> str:
+    return uuid.uuid4().hex
+
+
+# Configuration: validated in the constructor, without I/O.
+
+
+def test_exactly_one_of_url_and_cache():
+    with pytest.raises(ImproperlyConfigured, match="exactly one of the options 'url'"):
+        RedisStore()
+    with pytest.raises(ImproperlyConfigured, match="exactly one"):
+        RedisStore(url="redis://localhost", cache="default")
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"prefix": "a{b}"}, "'prefix' must be a non-empty string without braces"),
+        ({"prefix": ""}, "'prefix'"),
+        ({"max_connections": 0}, "'max_connections' must be at least 1"),
+        ({"max_connections": "8"}, "'max_connections' must be an int"),
+        ({"socket_timeout": "5x"}, "socket_timeout"),
+        ({"socket_connect_timeout": -1}, "socket_connect_timeout"),
+        ({"cluster": "yes"}, "'cluster' must be a bool"),
+        ({"url": "http://localhost"}, "'url' is not a Redis URL"),
+    ],
+)
+def test_bad_options_are_refused_naming_the_option(options, message):
+    kwargs = {"url": "redis://127.0.0.1:1/0", **options}
+    with pytest.raises(ImproperlyConfigured, match=message):
+        RedisStore(**kwargs)
+
+
+def test_construction_does_no_io():
+    # Nothing listens on port 1: building the store (and its no-I/O checks) must not notice.
+    store = RedisStore(url="redis://127.0.0.1:1/0", socket_timeout="500ms")
+    assert store.check() == []
+    assert store.socket_timeout == 0.5
+    assert "127.0.0.1:1" in repr(store)
+
+
+def test_durations_are_accepted_for_timeouts():
+    store = RedisStore(url="redis://h/0", socket_timeout="1.5s", socket_connect_timeout=0.25)
+    assert (store.socket_timeout, store.socket_connect_timeout) == (1.5, 0.25)
+
+
+def test_password_is_not_shown_in_repr():
+    store = RedisStore(url="redis://user:s3cret@redis.example:6379/2")
+    assert "s3cret" not in repr(store)
+
+
+def test_cache_alias_of_djangos_redis_cache():
+    caches = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "redis": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": ["redis://primary:6379/3", "redis://replica:6379/3"],
+            "OPTIONS": {"password": "pw", "socket_timeout": None},
+        },
+    }
+    with override_settings(CACHES=caches):
+        store = RedisStore(cache="redis", socket_timeout=2)
+    assert store.url == "redis://primary:6379/3"
+    kwargs = store._connection_kwargs
+    assert (kwargs["host"], kwargs["db"], kwargs["password"]) == ("primary", 3, "pw")
+    # The store's own timeouts, never the cache's (a cache may wait forever).
+    assert kwargs["socket_timeout"] == 2
+
+
+def test_cache_alias_of_django_redis():
+    caches = {
+        "default": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": "redis://cachehost:6380/1",
+            "OPTIONS": {"PASSWORD": "pw", "CONNECTION_POOL_KWARGS": {"max_connections": 3}},
+        }
+    }
+    with override_settings(CACHES=caches):
+        store = RedisStore(cache="default", max_connections=8)
+    kwargs = store._connection_kwargs
+    assert (kwargs["host"], kwargs["port"], kwargs["password"]) == ("cachehost", 6380, "pw")
+    assert "max_connections" not in kwargs
+    assert store.max_connections == 8
+
+
+def test_cache_alias_must_exist_and_be_a_redis_cache():
+    caches = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    with override_settings(CACHES=caches):
+        with pytest.raises(ImproperlyConfigured, match="'nope', which is not in CACHES"):
+            RedisStore(cache="nope")
+        with pytest.raises(ImproperlyConfigured, match="is not a Redis cache"):
+            RedisStore(cache="default")
+
+
+# Key layout.
+
+
+@pytest.mark.parametrize("key", ["plain", "{tag}", "a{b}c", "}{", "{}", "é" * 500, "x:{y}:lease"])
+def test_lease_and_counter_share_one_slot_whatever_the_key(key):
+    lease, fence = RedisStore(url="redis://h/0")._keys(key)
+    assert key_slot(lease) == key_slot(fence)
+    assert lease.startswith(b"django_locks:{") and lease.endswith(b"}:lease")
+
+
+def test_keys_with_the_same_braces_land_in_different_slots():
+    store = RedisStore(url="redis://h/0")
+    slots = {key_slot(store._keys(f"{{same}}:{i}")[0]) for i in range(50)}
+    assert len(slots) > 40  # a user's hash tag does not pin every key to one slot
+
+
+@pytest.mark.redis
+def test_prefixes_keep_projects_apart(redis_server):
+    one = RedisStore(url=redis_server.url, prefix=f"one{uuid.uuid4().hex[:6]}")
+    two = RedisStore(url=redis_server.url, prefix=f"two{uuid.uuid4().hex[:6]}")
+    key = "shared:name"
+    assert one.acquire(key, _owner(), 30_000) is not None
+    assert two.acquire(key, _owner(), 30_000) is not None
+    assert [lease.key for lease in one.leases()] == [key]
+    two.clear()
+    assert [lease.key for lease in one.leases()] == [key]
+    assert two.leases() == []
+    one.clear()
+
+
+@pytest.mark.redis
+def test_counter_never_expires_and_release_keeps_it(redis_server):
+    store = RedisStore(url=redis_server.url, prefix=f"t{uuid.uuid4().hex[:8]}")
+    owner = _owner()
+    token = store.acquire("k", owner, 60_000)
+    lease, fence = store._keys("k")
+    with redis_server.client() as client:
+        assert 0 < client.pttl(lease) <= 60_000
+        assert client.pttl(fence) == -1
+        assert int(client.get(fence)) == token
+        store.release("k", owner)
+        assert not client.exists(lease)
+        assert int(client.get(fence)) == token
+
+
+@pytest.mark.redis
+def test_the_time_floor_wins_over_a_lost_counter(redis_server):
+    store = RedisStore(url=redis_server.url, prefix=f"t{uuid.uuid4().hex[:8]}")
+    owner = _owner()
+    first = store.acquire("k", owner, 60_000)
+    store.release("k", owner)
+    _, fence = store._keys("k")
+    with redis_server.client() as client:
+        client.delete(fence)  # what an eviction or a crash before the write reached disk does
+        seconds, micros = client.time()
+    second = store.acquire("k", _owner(), 60_000)
+    assert first is not None and second is not None
+    assert second > first
+    assert second >= seconds * 1_000_000 + micros
+
+
+@pytest.mark.redis
+def test_tokens_run_ahead_of_the_clock_by_the_counter(redis_server):
+    store = RedisStore(url=redis_server.url, prefix=f"t{uuid.uuid4().hex[:8]}")
+    _, fence = store._keys("k")
+    future = 2**52  # far beyond TIME in microseconds: the counter is the floor
+    with redis_server.client() as client:
+        client.set(fence, future)
+    assert store.acquire("k", _owner(), 60_000) == future + 1
+
+
+@pytest.mark.redis
+def test_a_token_lua_cannot_represent_is_refused_not_rounded(redis_server):
+    store = RedisStore(url=redis_server.url, prefix=f"t{uuid.uuid4().hex[:8]}")
+    _, fence = store._keys("k")
+    with redis_server.client() as client:
+        client.set(fence, 2**53 - 1)
+    with pytest.raises(StoreError, match="beyond 2\\^53"):
+        store.acquire("k", _owner(), 60_000)
+
+
+# Scripts by SHA, recovering from NOSCRIPT.
+
+
+@pytest.mark.redis
+def test_script_flush_mid_run_costs_no_failed_operation(redis_server):
+    store = RedisStore(url=redis_server.url, prefix=f"t{uuid.uuid4().hex[:8]}", max_connections=4)
+    errors: list[BaseException] = []
+    done = {"ops": 0}
+    stop = threading.Event()
+
+    def work(worker: int) -> None:
+        key, owner = f"k{worker}", _owner()
+        previous = 0
+        try:
+            while not stop.is_set():
+                token = store.acquire(key, owner, 30_000)
+                assert token is not None and token > previous
+                previous = token
+                assert store.renew(key, owner, 30_000)
+                assert store.release(key, owner)
+                done["ops"] += 3
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    flushes = 0
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline and not errors:
+        time.sleep(0.05)
+        redis_server.script_flush()
+        flushes += 1
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert errors == []
+    assert flushes >= 20 and done["ops"] > 300, (flushes, done)
+    with redis_server.client() as client:
+        assert client.info("stats")["total_error_replies"] >= 0  # the server is still fine
+
+
+# Connections: bounded, timeouts, errors, fork.
+
+
+@pytest.mark.redis
+def test_a_store_opens_at_most_max_connections(redis_server):
+    store = RedisStore(url=redis_server.url, max_connections=3, prefix=f"t{uuid.uuid4().hex[:8]}")
+    threads = [
+        threading.Thread(
+            target=lambda i=i: [store.acquire(f"k{i}", "o", 30_000) for _ in range(20)]
+        )
+        for i in range(12)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    process = store._state()
+    pool = process.pools[None]
+    assert len(pool._idle) <= 3
+    store.close()
+
+
+@pytest.mark.redis
+def test_unreachable_server_raises_store_error_never_none():
+    store = RedisStore(url="redis://127.0.0.1:1/0", socket_connect_timeout=0.5)
+    with pytest.raises(StoreError) as info:
+        store.acquire("k", _owner(), 1000)
+    assert info.value.__cause__ is not None
+    with pytest.raises(StoreError):
+        store.renew("k", _owner(), 1000)
+    with pytest.raises(StoreError):
+        store.release("k", _owner())
+
+
+@pytest.mark.redis
+def test_a_hanging_server_times_out_within_the_call_timeout(make_redis_server):
+    server = make_redis_server()
+    store = RedisStore(url=server.url, socket_timeout=30)
+    owner = _owner()
+    token = store.acquire("k", owner, 60_000)
+    os.kill(server.process.pid, signal.SIGSTOP)  # a paused server: TCP accepts, nobody answers
+    try:
+        started = time.monotonic()
+        with pytest.raises(StoreTimeoutError):
+            store.renew("k", owner, 60_000, timeout=0.3)
+        elapsed = time.monotonic() - started
+        assert elapsed < 1.0, elapsed
+        started = time.monotonic()
+        with pytest.raises(StoreTimeoutError):
+            store.acquire("other", owner, 60_000, timeout=0.2)  # a new connection times out too
+        assert time.monotonic() - started < 1.0
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+    # The timed-out connection was discarded: the next call gets a clean answer, not a stale one.
+    assert store.acquire("k", owner, 60_000, timeout=5) == token
+    assert store.release("k", owner)
+
+
+@pytest.mark.redis
+def test_a_timeout_already_passed_sends_nothing(redis_server):
+    store = RedisStore(url=redis_server.url, prefix=f"t{uuid.uuid4().hex[:8]}")
+    with pytest.raises(StoreTimeoutError):
+        store.acquire("k", _owner(), 1000, timeout=0)
+    assert store.leases() == []
+
+
+def _child_uses_store(store: RedisStore, key: str, queue: multiprocessing.Queue) -> None:
+    try:
+        owner = _owner()
+        token = store.acquire(key, owner, 30_000)
+        queue.put(("ok", token, store.release(key, owner)))
+        store.close()  # closes only the child's connections
+    except BaseException as exc:
+        queue.put(("error", repr(exc), None))
+
+
+@pytest.mark.redis
+def test_safe_across_fork(redis_server):
+    store = RedisStore(url=redis_server.url, prefix=f"t{uuid.uuid4().hex[:8]}")
+    owner = _owner()
+    parent_token = store.acquire("parent", owner, 30_000)  # the parent has a live connection
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_child_uses_store, args=(store, "child", queue))
+    child.start()
+    status, token, released = queue.get(timeout=30)
+    child.join(timeout=30)
+    assert (status, released) == ("ok", True), token
+    # The parent's connection survived the child's use and close().
+    assert store.renew("parent", owner, 30_000)
+    assert store.acquire("parent", owner, 30_000) == parent_token
+    store.clear()
