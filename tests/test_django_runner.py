@@ -1,0 +1,31 @@
+"""LockStoreContract runs under Django's test runner too, not only under pytest."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_contract_suite_runs_under_djangos_test_runner() -> None:
+    out = subprocess.run(
+        [
+            sys.executable, "-m", "django", "test", "tests.contract_for_django_runner",
+            "--settings=tests.settings", "-v", "2", "--noinput",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    ours = [line for line in out.stderr.splitlines() if "UnderDjangoRunner." in line]
+    assert len(ours) >= 20, out.stderr
+    assert all(line.endswith(" ... ok") for line in ours), out.stderr
+    # The imported base class is found too, and skips itself (it has no store).
+    assert "make_store() is not overridden" in out.stderr
+    assert "test_exactly_one_of_many_concurrent_callers_wins" in out.stderr

@@ -1,0 +1,106 @@
+"""LOCKS is validated at startup without I/O; checks report it; override_settings rebuilds."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from django.apps import apps
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+from django.test import override_settings
+
+from django_locks import conf, locks
+from django_locks.stores import InMemoryStore
+from django_locks.testing import ManualClock
+
+MEMORY = "django_locks.stores.InMemoryStore"
+
+
+def ready() -> None:
+    apps.get_app_config("django_locks").ready()
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ({"BACKEND": "no.such.Store"}, "cannot be imported"),
+        ({"BACKEND": "django_locks.lock.Lock"}, "is not a LockStore subclass"),
+        ({"BACKEND": MEMORY, "OPTIONS": {"colour": "red"}}, "LOCKS['OPTIONS'] are not valid"),
+        ({"BACKEND": MEMORY, "TTL": "5x"}, "`LOCKS['TTL']` must be a positive duration"),
+        ({"BACKEND": MEMORY, "MIN_HOLD": 0}, "`LOCKS['MIN_HOLD']` must be a positive duration"),
+        ({"TTL": "30s", "TIMEOUT": 5}, "unknown keys ['TIMEOUT']"),
+        ({"BACKEND": MEMORY, "CLOCK": 42}, "LOCKS['CLOCK'] must be None"),
+        ({"BACKEND": MEMORY, "ALLOW_IN_MEMORY_STORAGE": "yes"}, "must be True or False"),
+    ],
+)
+def test_bad_settings_refuse_to_start_with_the_fix(value, message) -> None:
+    with override_settings(LOCKS=value), pytest.raises(ImproperlyConfigured) as caught:
+        ready()
+    assert message in str(caught.value)
+
+
+def test_the_in_memory_store_is_refused_in_production_unless_allowed() -> None:
+    with override_settings(DEBUG=False, LOCKS={"BACKEND": MEMORY}):
+        with pytest.raises(ImproperlyConfigured, match="ALLOW_IN_MEMORY_STORAGE"):
+            ready()
+    with override_settings(DEBUG=True, LOCKS={"BACKEND": MEMORY}):
+        ready()
+    with override_settings(DEBUG=False, LOCKS={"BACKEND": MEMORY, "ALLOW_IN_MEMORY_STORAGE": True}):
+        ready()
+
+
+def test_override_settings_rebuilds_the_service_without_the_refusal() -> None:
+    before = locks.store
+    clock = ManualClock()
+    with override_settings(DEBUG=False, LOCKS={"BACKEND": MEMORY, "TTL": "7s", "CLOCK": clock}):
+        assert locks.store is not before
+        assert locks.ttl_ms == 7000 and locks.clock is clock
+        with locks.lock("k") as lock:
+            assert lock.ttl == 7
+    assert locks.ttl_ms == 30_000
+
+
+def test_a_real_startup_refuses_the_in_memory_store_with_debug_false(tmp_path) -> None:
+    script = textwrap.dedent(
+        """
+        import django
+        from django.conf import settings
+        settings.configure(
+            DEBUG=False,
+            INSTALLED_APPS=["django_locks"],
+            LOCKS={"BACKEND": "django_locks.stores.InMemoryStore"},
+        )
+        try:
+            django.setup()
+        except Exception as exc:
+            print(type(exc).__name__, exc)
+        else:
+            print("started")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.startswith("ImproperlyConfigured"), out.stdout + out.stderr
+    assert "only protects one process" in out.stdout
+
+
+def test_checks_report_bad_settings_and_the_in_memory_store_under_deploy() -> None:
+    with override_settings(LOCKS={"BACKEND": "no.such.Store"}):
+        with pytest.raises(SystemCheckError, match="django_locks.E001"):
+            call_command("check")
+    with override_settings(DEBUG=False, LOCKS={"BACKEND": MEMORY}):
+        call_command("check")  # not a deploy check: test runners set DEBUG = False
+        with pytest.raises(SystemCheckError, match="django_locks.E002"):
+            call_command("check", "--deploy", "--fail-level", "ERROR", "--tag", "django_locks")
+
+
+def test_settings_are_read_once_and_reset_on_change() -> None:
+    first = conf.get()
+    assert conf.get() is first
+    with override_settings(LOCKS={"BACKEND": MEMORY, "TTL": "1m"}):
+        assert conf.get().ttl_ms == 60_000
+    assert conf.get().ttl_ms == 30_000
+    assert isinstance(conf.build_store(conf.get()), InMemoryStore)
