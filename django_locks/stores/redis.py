@@ -528,7 +528,9 @@ class RedisStore(LockStore):
 
     def _check_node(self, node: tuple[str, int] | None) -> list[Any]:
         deadline = time.monotonic() + _CHECK_TIMEOUT
-        where = f"{node[0]}:{node[1]}" if node else _redact(self.url)
+        kwargs = self._connection_kwargs
+        host, port = node or (kwargs.get("host"), kwargs.get("port"))
+        where = f"{host}:{port}" if host else str(kwargs.get("path"))
         config = {}
         try:
             for name in ("appendonly", "appendfsync", "save", "maxmemory-policy"):
