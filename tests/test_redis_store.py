@@ -319,7 +319,9 @@ def test_a_timeout_already_passed_sends_nothing(redis_server):
     assert store.leases() == []
 
 
-def _child_uses_store(store: RedisStore, key: str, queue: multiprocessing.Queue) -> None:
+def _child_uses_store(
+    store: RedisStore, key: str, queue: multiprocessing.Queue[tuple[str, object, object]]
+) -> None:
     try:
         owner = _owner()
         token = store.acquire(key, owner, 30_000)
