@@ -89,11 +89,8 @@ def test_a_stale_slot_map_follows_moved(redis_cluster):
     token = store.acquire("moving", owner, 60_000)
     lease = store._keys("moving")[0]
     right = store._node_for(lease, time.monotonic() + 5)
-    wrong = next(
-        (n.host, n.port)
-        for n in store._state().cluster.get_primaries()
-        if (n.host, n.port) != right
-    )
+    wrong = next(n for n in store._primaries(time.monotonic() + 5) if n != right)
+    assert wrong is not None
     store._state().moved[key_slot(lease)] = wrong
     assert store.acquire("moving", owner, 60_000) == token
     assert store._state().moved[key_slot(lease)] == right
