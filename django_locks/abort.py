@@ -59,8 +59,12 @@ class AbortSignal:
         loop = asyncio.get_running_loop()
         woken = loop.create_future()
 
+        def resolve() -> None:
+            if not woken.done():
+                woken.set_result(None)
+
         def wake(_: AbortSignal) -> None:
-            loop.call_soon_threadsafe(lambda: woken.done() or woken.set_result(None))
+            loop.call_soon_threadsafe(resolve)
 
         self.add_callback(wake)
         try:
@@ -101,7 +105,6 @@ class AbortSignal:
     def _remove_callback(self, fn: Callback) -> None:
         with self._mutex, contextlib.suppress(ValueError):
             self._callbacks.remove(fn)
-
 
 
 def _run_callback(fn: Callback, signal: AbortSignal) -> None:

@@ -1,4 +1,4 @@
-"""The django_locks app: validates ``LOCKS`` at startup, registers checks, follows setting changes."""
+"""The django_locks app: validates ``LOCKS`` at startup, registers checks, follows changes."""
 
 from __future__ import annotations
 

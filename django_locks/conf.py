@@ -49,7 +49,10 @@ class LocksSettings:
 
 
 def read(raw: object = None) -> LocksSettings:
-    """Validate ``raw`` (default: ``settings.LOCKS``); raise ``ImproperlyConfigured`` naming the fix."""
+    """Validate ``raw`` (default: ``settings.LOCKS``).
+
+    Raises ``ImproperlyConfigured`` with the fix in the message.
+    """
     if raw is None:
         raw = getattr(settings, "LOCKS", {})
     if not isinstance(raw, dict):
@@ -88,7 +91,9 @@ def read(raw: object = None) -> LocksSettings:
             raise ImproperlyConfigured(str(exc)) from exc
     for name in ("ALLOW_IN_MEMORY_STORAGE", "CELERY_BEAT_LEADER"):
         if not isinstance(values[name], bool):
-            raise ImproperlyConfigured(f"LOCKS['{name}'] must be True or False, got {values[name]!r}.")
+            raise ImproperlyConfigured(
+                f"LOCKS['{name}'] must be True or False, got {values[name]!r}."
+            )
     return LocksSettings(
         backend=backend,
         backend_path=path,
@@ -108,7 +113,9 @@ def _read_clock(value: object) -> Clock | None:
         try:
             value = import_string(value)
         except ImportError as exc:
-            raise ImproperlyConfigured(f"LOCKS['CLOCK'] {value!r} cannot be imported ({exc}).")
+            raise ImproperlyConfigured(
+                f"LOCKS['CLOCK'] {value!r} cannot be imported ({exc})."
+            ) from exc
         if isinstance(value, type) and issubclass(value, Clock):
             return value()
         if isinstance(value, Clock):
@@ -126,7 +133,9 @@ def build_store(config: LocksSettings) -> LockStore:
     try:
         return config.backend(**options)
     except (TypeError, ValueError) as exc:
-        raise ImproperlyConfigured(f"LOCKS['OPTIONS'] are not valid for {config.backend_path}: {exc}")
+        raise ImproperlyConfigured(
+            f"LOCKS['OPTIONS'] are not valid for {config.backend_path}: {exc}"
+        ) from exc
 
 
 def refuse_in_memory_in_production(config: LocksSettings, *, debug: bool) -> None:

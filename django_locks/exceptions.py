@@ -57,7 +57,8 @@ class StoreError(LocksError):
     """The store could not be reached or answered with an error.
 
     Always chained (``raise StoreError(...) from exc``) to the driver's exception. It never means
-    "not acquired": a caller that cannot tell whether it holds a lock must not act as if it does not.
+    "not acquired": a caller that cannot tell whether it holds a lock must not act as if it did
+    not.
     """
 
 

@@ -113,7 +113,7 @@ class Locks:
         wait: Duration = 0,
         signal: AbortSignal | None = None,
     ) -> T:
-        """Run ``fn()`` holding ``key`` and return its result (``LockNotAcquiredError`` if taken)."""
+        """Run ``fn()`` holding ``key``; return its result (``LockNotAcquiredError`` if taken)."""
         if not callable(fn):
             raise TypeError(f"`fn` must be callable, got {fn!r}")
         with self.lock(key, ttl=ttl, wait=wait, signal=signal):
@@ -165,7 +165,7 @@ class Locks:
         wait: Duration = 0,
         signal: AbortSignal | None = None,
     ) -> T:
-        """Await ``fn()`` holding ``key`` and return its result (``LockNotAcquiredError`` if taken)."""
+        """Await ``fn()`` holding ``key``; return its result (``LockNotAcquiredError``: taken)."""
         if not callable(fn):
             raise TypeError(f"`fn` must be callable, got {fn!r}")
         async with self.alock(key, ttl=ttl, wait=wait, signal=signal):
@@ -311,9 +311,11 @@ def _backoff(attempt: int) -> float:
     return random.uniform(delay / 2, delay)
 
 
-class DefaultLocks(LazyObject):
+class DefaultLocks(LazyObject):  # type: ignore[type-arg]
     """The ``Locks`` configured from the ``LOCKS`` setting, built on first use and rebuilt when
     the setting changes (``override_settings``)."""
+
+    _wrapped: object
 
     def _setup(self) -> None:
         from django_locks import conf
@@ -323,8 +325,8 @@ class DefaultLocks(LazyObject):
     def _reset(self) -> None:
         wrapped = self._wrapped
         self._wrapped = empty
-        if wrapped is not empty:
-            cast(Locks, wrapped).store.close()
+        if isinstance(wrapped, Locks):
+            wrapped.store.close()
 
 
-locks = cast(Locks, DefaultLocks())
+locks: Locks = DefaultLocks()  # type: ignore[assignment]

@@ -1,4 +1,4 @@
-"""The async twins: aacquire, alock, awith_lock, arelease; cancellation; the event loop stays free."""
+"""The async twins: aacquire, alock, awith_lock, arelease; cancellation; a free event loop."""
 
 from __future__ import annotations
 

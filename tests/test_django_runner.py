@@ -13,8 +13,15 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_the_contract_suite_runs_under_djangos_test_runner() -> None:
     out = subprocess.run(
         [
-            sys.executable, "-m", "django", "test", "tests.contract_for_django_runner",
-            "--settings=tests.settings", "-v", "2", "--noinput",
+            sys.executable,
+            "-m",
+            "django",
+            "test",
+            "tests.contract_for_django_runner",
+            "--settings=tests.settings",
+            "-v",
+            "2",
+            "--noinput",
         ],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},

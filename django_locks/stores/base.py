@@ -17,8 +17,8 @@ LeaseState = Literal["held", "expired", "released"]
 class LeaseInfo:
     """One lease as a store lists it, for the admin and ``manage.py locks``.
 
-    ``expires_in`` is measured on the store's own clock at listing time (negative once expired) and is
-    ``None`` for released leases. ``holder`` is a human-readable "host:pid" of whoever took it.
+    ``expires_in`` is measured on the store's own clock at listing time (negative once expired)
+    and is ``None`` for released leases. ``holder`` is a human-readable "host:pid" of whoever took it.
     """
 
     key: str
@@ -101,7 +101,7 @@ class LockStore:
 
     # Life cycle and diagnostics.
 
-    def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
+    def close(self) -> None:
         """Close the connections this process opened (the next call reconnects)."""
 
     def check(self, *, databases: Iterable[str] | None = None, deploy: bool = False) -> list[Any]:

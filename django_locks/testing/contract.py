@@ -20,6 +20,7 @@ import time
 import unicodedata
 import uuid
 from collections.abc import Callable
+from functools import partial
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar, TypeVar
 
@@ -41,7 +42,7 @@ def _owner() -> str:
 class LockStoreContract(TransactionTestCase):
     """The store contract of ``django_locks.stores.base.LockStore``, checked on ``make_store()``."""
 
-    databases: ClassVar[Any] = "__all__"
+    databases = "__all__"
     concurrent_callers: ClassVar[int] = 16
     """How many threads race in the concurrent cases."""
     rounds: ClassVar[int] = 5
@@ -244,8 +245,24 @@ class LockStoreContract(TransactionTestCase):
         composed = unicodedata.normalize("NFC", "café")
         decomposed = unicodedata.normalize("NFD", "café")
         variants = [
-            "Key", "key", "KEY", composed, decomposed, "a b", "a  b", "{braces}", "{braces",
-            "100%", "a_b", "a'b\"c", "back\\slash", "tab\tkey", "line\nkey", "ß", "ss", "🔒",
+            "Key",
+            "key",
+            "KEY",
+            composed,
+            decomposed,
+            "a b",
+            "a  b",
+            "{braces}",
+            "{braces",
+            "100%",
+            "a_b",
+            "a'b\"c",
+            "back\\slash",
+            "tab\tkey",
+            "line\nkey",
+            "ß",
+            "ss",
+            "🔒",
         ]
         for variant in variants:
             self.assertIsNotNone(
@@ -259,9 +276,7 @@ class LockStoreContract(TransactionTestCase):
         previous = 0
         for _ in range(self.rounds):
             owners = [_owner() for _ in range(self.concurrent_callers)]
-            results = self.race(
-                [lambda o=o: self.store.acquire(self.key(), o, 30_000) for o in owners]
-            )
+            results = self.race([partial(self.store.acquire, self.key(), o, 30_000) for o in owners])
             winners = [(o, t) for o, t in zip(owners, results, strict=True) if t is not None]
             self.assertEqual(len(winners), 1, f"winners: {winners}")
             owner, token = winners[0]
@@ -274,7 +289,7 @@ class LockStoreContract(TransactionTestCase):
         first = self.store.acquire(self.key(), holder, self.short_ttl_ms)
         self.wait_until_expired(self.key(), holder)
         owners = [_owner() for _ in range(self.concurrent_callers)]
-        results = self.race([lambda o=o: self.store.acquire(self.key(), o, 30_000) for o in owners])
+        results = self.race([partial(self.store.acquire, self.key(), o, 30_000) for o in owners])
         tokens = [t for t in results if t is not None]
         self.assertEqual(len(tokens), 1)
         assert first is not None
@@ -283,7 +298,7 @@ class LockStoreContract(TransactionTestCase):
     def test_concurrent_callers_on_distinct_keys_all_win_with_distinct_tokens_per_key(self) -> None:
         n = self.concurrent_callers
         results = self.race(
-            [lambda i=i: self.store.acquire(self.key(f"d{i}"), _owner(), 30_000) for i in range(n)]
+            [partial(self.store.acquire, self.key(f"d{i}"), _owner(), 30_000) for i in range(n)]
         )
         self.assertTrue(all(t is not None for t in results), results)
 
@@ -303,8 +318,8 @@ class LockStoreContract(TransactionTestCase):
             assert token is not None
             self.assertGreater(token, previous)
             owners = [_owner() for _ in range(self.concurrent_callers - 1)]
-            calls: list[Callable[[], Any]] = [lambda: self.store.release(self.key(), holder)]
-            calls += [lambda o=o: self.store.acquire(self.key(), o, 30_000) for o in owners]
+            calls: list[Callable[[], Any]] = [partial(self.store.release, self.key(), holder)]
+            calls += [partial(self.store.acquire, self.key(), o, 30_000) for o in owners]
             results = self.race(calls)
             self.assertTrue(results[0])
             winners = [(o, t) for o, t in zip(owners, results[1:], strict=True) if t is not None]
@@ -318,12 +333,12 @@ class LockStoreContract(TransactionTestCase):
     def test_renewals_racing_acquirers_keep_the_lease(self) -> None:
         holder = _owner()
         self.store.acquire(self.key(), holder, 30_000)
-        calls: list[Callable[[], Any]] = [
-            lambda: self.store.renew(self.key(), holder, 30_000)
-        ] * (self.concurrent_callers // 2)
-        calls += [
-            lambda: self.store.acquire(self.key(), _owner(), 30_000)
-        ] * (self.concurrent_callers - len(calls))
+        calls: list[Callable[[], Any]] = [lambda: self.store.renew(self.key(), holder, 30_000)] * (
+            self.concurrent_callers // 2
+        )
+        calls += [lambda: self.store.acquire(self.key(), _owner(), 30_000)] * (
+            self.concurrent_callers - len(calls)
+        )
         results = self.race(calls)
         renewals, acquires = results[: len(results) // 2], results[len(results) // 2 :]
         self.assertTrue(all(r is True for r in renewals), renewals)
