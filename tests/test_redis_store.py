@@ -347,3 +347,28 @@ def test_safe_across_fork(redis_server):
     assert store.renew("parent", owner, 30_000)
     assert store.acquire("parent", owner, 30_000) == parent_token
     store.clear()
+
+
+# The ACL the deployment guide documents (docs/howto/redis-deployment.rst) is enough.
+DOCUMENTED_ACL = (
+    "on >locks-secret ~acltest:* resetchannels -@all +evalsha +script|load +scan "
+    "+del +hget +hmget +hset +pexpire +pttl +get +set +time +ping +hello +config|get"
+)
+
+
+@pytest.mark.redis
+def test_the_documented_acl_is_enough(redis_server):
+    with redis_server.client() as client:
+        client.execute_command("ACL", "SETUSER", "locks", *DOCUMENTED_ACL.split())
+    url = f"redis://locks:locks-secret@127.0.0.1:{redis_server.port}/0"
+    store = RedisStore(url=url, prefix="acltest")
+    redis_server.script_flush()  # the first call must load its script itself
+    owner = _owner()
+    token = store.acquire("acl", owner, 30_000)
+    assert token is not None
+    assert store.renew("acl", owner, 30_000)
+    assert [lease.key for lease in store.leases()] == ["acl"]
+    assert store.release("acl", owner)
+    assert store.force_release("acl") is False
+    assert store.check(deploy=True) == []
+    store.clear()
