@@ -11,9 +11,11 @@ __all__ = [
     "Lock",
     "LockLostError",
     "LockNotAcquiredError",
+    "LockReleasedError",
     "Locks",
     "LocksError",
     "StoreError",
+    "StoreTimeoutError",
     "current_lock",
     "locks",
 ]
@@ -24,8 +26,10 @@ if TYPE_CHECKING:
     from django_locks.exceptions import (
         LockLostError,
         LockNotAcquiredError,
+        LockReleasedError,
         LocksError,
         StoreError,
+        StoreTimeoutError,
     )
     from django_locks.lock import Lock
     from django_locks.service import Locks, locks
@@ -37,6 +41,8 @@ _LAZY = {
     "current_lock": "django_locks.context",
     "LockLostError": "django_locks.exceptions",
     "LockNotAcquiredError": "django_locks.exceptions",
+    "LockReleasedError": "django_locks.exceptions",
+    "StoreTimeoutError": "django_locks.exceptions",
     "LocksError": "django_locks.exceptions",
     "StoreError": "django_locks.exceptions",
     "Lock": "django_locks.lock",
