@@ -276,8 +276,8 @@ class RedisStore(LockStore):
     def leases(self, *, include_inactive: bool = False) -> list[LeaseInfo]:
         """Held leases only: Redis forgets a lease once it is released or expired."""
         found = []
-        for node, name in self._scan_leases():
-            row = self._call(node, ("EVALSHA", _SCRIPTS["inspect"][1], 1, name), None, "inspect")
+        for name in self._scan_leases():
+            row = self._routed(name, ("EVALSHA", _SCRIPTS["inspect"][1], 1, name), None, "inspect")
             if row is None:
                 continue
             key, owner, holder, token, acquired_at, pttl = row
@@ -298,8 +298,8 @@ class RedisStore(LockStore):
         return sorted(found, key=lambda lease: lease.key)
 
     def clear(self) -> None:
-        for node, name in self._scan_leases():
-            self._call(node, ("DEL", name), None)
+        for name in self._scan_leases():
+            self._routed(name, ("DEL", name), None)
 
     def force_release(self, key: str) -> bool:
         lease, _ = self._keys(key)
@@ -389,7 +389,8 @@ class RedisStore(LockStore):
         cluster = self._cluster(self._state(), deadline)
         return [(node.host, node.port) for node in cluster.get_primaries()]  # type: ignore[no-untyped-call]
 
-    def _scan_leases(self) -> Iterator[tuple[tuple[str, int] | None, bytes]]:
+    def _scan_leases(self) -> Iterator[bytes]:
+        # Each master lists its own keys; the calls on a key are routed (MOVED-safe) anyway.
         pattern = _glob_escape(self.prefix) + ":{*}:lease"
         for node in self._primaries(self._deadline(None)):
             cursor = b"0"
@@ -397,8 +398,7 @@ class RedisStore(LockStore):
                 cursor, names = self._call(
                     node, ("SCAN", cursor, "MATCH", pattern, "COUNT", 1000), None
                 )
-                for name in names:
-                    yield node, name
+                yield from names
                 if cursor in (b"0", 0):
                     break
 
