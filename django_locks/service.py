@@ -6,6 +6,7 @@ import asyncio
 import logging
 import random
 import threading
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from types import TracebackType
@@ -34,6 +35,8 @@ BACKOFF_FIRST = 0.025
 """Seconds before the second try of a waiting acquire; doubled each try..."""
 BACKOFF_CAP = 1.0
 """...up to this many seconds, each delay drawn at random from its upper half (jitter)."""
+NOTICE_SLICE = 0.25
+"""Seconds of one wait for a store's release notice, between checks of the abort signal."""
 
 
 class Locks:
@@ -52,6 +55,8 @@ class Locks:
         self.store = store
         self.ttl_ms = to_milliseconds(ttl, name="ttl")
         self.clock = clock if clock is not None else system_clock
+        # Whether to wait for the store's release notices (until it says it has none).
+        self._notified = True
 
     def __repr__(self) -> str:
         return f"<Locks store={self.store!r} ttl={self.ttl_ms}ms>"
@@ -83,7 +88,7 @@ class Locks:
             remaining = give_up - self.clock.monotonic()
             if remaining <= 0:
                 break
-            self.clock.sleep(min(_backoff(attempt), remaining), signal)
+            self._pause(key, min(_backoff(attempt), remaining), signal)
             attempt += 1
         return None
 
@@ -172,6 +177,24 @@ class Locks:
             return await fn()
 
     # Internals.
+
+    def _pause(self, key: str, seconds: float, signal: AbortSignal | None) -> None:
+        """Wait before the next try: woken by the store's release notice where it offers one
+        (real time only), else sleeping through the backoff; early when ``signal`` aborts."""
+        if self._notified and self.clock is system_clock:
+            give_up = time.monotonic() + seconds
+            while (signal is None or not signal.aborted) and time.monotonic() < give_up:
+                # Slices keep an abort noticed within NOTICE_SLICE while the store waits.
+                slice_ = min(NOTICE_SLICE, give_up - time.monotonic())
+                try:
+                    if self.store.wait_for_release(key, max(slice_, 0)):
+                        return
+                except NotImplementedError:
+                    self._notified = False
+                    break
+            else:
+                return
+        self.clock.sleep(seconds, signal)
 
     def _check(
         self, key: object, ttl: Duration | None, wait: Duration, signal: object

@@ -99,6 +99,16 @@ class LockStore:
         """Operator action: free whoever holds ``key`` (keeping its token). ``True`` if one did."""
         raise NotImplementedError
 
+    def wait_for_release(self, key: str, timeout: float) -> bool:
+        """Block up to ``timeout`` seconds for a notice that ``key`` was released.
+
+        Returns ``True`` when woken by a release of ``key`` (the key may be taken again already:
+        the caller tries ``acquire``), ``False`` at the timeout. Spurious ``True`` is allowed;
+        expiry sends no notice, so callers keep polling at their own pace. Stores without
+        notifications raise ``NotImplementedError`` and waiters sleep through their backoff.
+        """
+        raise NotImplementedError
+
     # Life cycle and diagnostics.
 
     def close(self) -> None:

@@ -35,6 +35,8 @@ class InMemoryStore(LockStore):
             raise TypeError(f"`clock` must be a django_locks Clock, got {clock!r}")
         self._clock = clock
         self._mutex = threading.Lock()
+        self._released = threading.Condition(self._mutex)
+        self._releases: dict[str, int] = {}  # per key: how many releases so far
         self._leases: dict[str, _Lease] = {}
 
     def _now(self) -> float:
@@ -82,21 +84,34 @@ class InMemoryStore(LockStore):
             lease = self._live(key, self._now())
             if lease is None or lease.owner != owner:
                 return False
-            lease.released = True
+            self._mark_released(key, lease)
             return True
+
+    def _mark_released(self, key: str, lease: _Lease) -> None:
+        lease.released = True
+        self._releases[key] = self._releases.get(key, 0) + 1
+        self._released.notify_all()
+
+    def wait_for_release(self, key: str, timeout: float) -> bool:
+        with self._mutex:
+            seen = self._releases.get(key, 0)
+            return self._released.wait_for(
+                lambda: self._releases.get(key, 0) != seen, timeout=max(timeout, 0)
+            )
 
     def force_release(self, key: str) -> bool:
         with self._mutex:
             lease = self._live(key, self._now())
             if lease is None:
                 return False
-            lease.released = True
+            self._mark_released(key, lease)
             return True
 
     def clear(self) -> None:
         with self._mutex:
-            for lease in self._leases.values():
-                lease.released = True
+            for key, lease in self._leases.items():
+                if not lease.released:
+                    self._mark_released(key, lease)
 
     def leases(self, *, include_inactive: bool = False) -> list[LeaseInfo]:
         with self._mutex:

@@ -381,3 +381,31 @@ class LockStoreContract(TransactionTestCase):
         again = self.store.acquire(self.key(), _owner(), 60_000)
         assert token is not None and again is not None
         self.assertGreater(again, token)
+
+    def test_wait_for_release_wakes_a_waiter_when_the_key_is_released(self) -> None:
+        owner = _owner()
+        self.store.acquire(self.key(), owner, 60_000)
+        self.optional(lambda: self.store.wait_for_release(self.key(), 0.01))
+        woken: list[tuple[bool, float]] = []
+
+        def waiter() -> None:
+            started = time.monotonic()
+            woken.append((self.store.wait_for_release(self.key(), 10), time.monotonic() - started))
+
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        time.sleep(0.3)  # the waiter is listening by now
+        self.assertTrue(self.store.release(self.key(), owner))
+        thread.join(15)
+        self.assertEqual(len(woken), 1)
+        notified, after = woken[0]
+        self.assertTrue(notified)
+        self.assertLess(after, 5, "the waiter slept through the release")
+        self.assertIsNotNone(self.store.acquire(self.key(), _owner(), 60_000))
+
+    def test_wait_for_release_times_out_without_a_release(self) -> None:
+        self.store.acquire(self.key(), _owner(), 60_000)
+        started = time.monotonic()
+        notified = self.optional(lambda: self.store.wait_for_release(self.key(), 0.3))
+        self.assertFalse(notified)
+        self.assertGreaterEqual(time.monotonic() - started, 0.25)
