@@ -18,7 +18,7 @@ class LeaseInfo:
     """One lease as a store lists it, for the admin and ``manage.py locks``.
 
     ``expires_in`` is measured on the store's own clock at listing time (negative once expired)
-    and is ``None`` for released leases. ``holder`` is a human-readable "host:pid" of whoever took it.
+    and is ``None`` for released leases. ``holder`` is a readable "host:pid" of whoever took it.
     """
 
     key: str

@@ -20,8 +20,8 @@ import time
 import unicodedata
 import uuid
 from collections.abc import Callable
-from functools import partial
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any, ClassVar, TypeVar
 
 from django.test import TransactionTestCase
@@ -276,7 +276,9 @@ class LockStoreContract(TransactionTestCase):
         previous = 0
         for _ in range(self.rounds):
             owners = [_owner() for _ in range(self.concurrent_callers)]
-            results = self.race([partial(self.store.acquire, self.key(), o, 30_000) for o in owners])
+            results = self.race(
+                [partial(self.store.acquire, self.key(), o, 30_000) for o in owners]
+            )
             winners = [(o, t) for o, t in zip(owners, results, strict=True) if t is not None]
             self.assertEqual(len(winners), 1, f"winners: {winners}")
             owner, token = winners[0]
