@@ -1,0 +1,377 @@
+"""``DatabaseStore``: leases in the project's own database (PostgreSQL; SQLite on one machine)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from collections.abc import Iterable
+from typing import Any, TypeVar
+
+from django.conf import settings
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.utils.connection import ConnectionDoesNotExist
+from django.utils.dateparse import parse_datetime
+
+from django_locks.durations import Duration, to_seconds
+from django_locks.exceptions import StoreError
+from django_locks.stores.base import LeaseInfo, LeaseState, LockStore
+from django_locks.stores.database_connections import Pools, register
+
+T = TypeVar("T")
+
+SUPPORTED_VENDORS = ("postgresql", "sqlite")
+TABLE = "django_locks_lease"
+SEQUENCE = "django_locks_lease_fencing_token_seq"
+
+# PostgreSQL. Each operation is ONE statement in autocommit: the ownership check sits in the
+# statement's WHERE, evaluated on the row version the statement has locked, and every time is
+# the server's clock_timestamp() (not now(): a statement that waited for a row lock must judge
+# expiry after the wait). No session state, no server-side prepared statements, no advisory
+# locks: all of it works behind PgBouncer in transaction pooling mode.
+_PG_LIVE = "lease.released_at IS NULL AND lease.expires_at > clock_timestamp()"
+_PG_EXPIRY = "clock_timestamp() + %s * interval '1 millisecond'"
+
+# ON CONFLICT DO UPDATE locks the existing row first, then evaluates WHERE and SET on it, so the
+# nextval() in SET is drawn after the row lock and floored by the row's own token: a sequence
+# restored from a backup or reset on a failed-over server never hands a key an old token. (The
+# nextval() in VALUES is evaluated before the conflict is known; for an existing key that value
+# is simply skipped.) The same owner holding a live lease gets its token back and its lease
+# extended: a retry after a timeout never strands the lease.
+PG_ACQUIRE = f"""
+INSERT INTO {TABLE} AS lease
+    (key, owner, holder, fencing_token, acquired_at, expires_at, released_at)
+VALUES (%s, %s, %s, nextval('{SEQUENCE}'), clock_timestamp(), {_PG_EXPIRY}, NULL)
+ON CONFLICT (key) DO UPDATE SET
+    fencing_token = CASE WHEN lease.owner = excluded.owner AND {_PG_LIVE}
+        THEN lease.fencing_token
+        ELSE greatest(nextval('{SEQUENCE}'), lease.fencing_token + 1) END,
+    acquired_at = CASE WHEN lease.owner = excluded.owner AND {_PG_LIVE}
+        THEN lease.acquired_at ELSE clock_timestamp() END,
+    owner = excluded.owner,
+    holder = excluded.holder,
+    expires_at = {_PG_EXPIRY},
+    released_at = NULL
+WHERE lease.owner = excluded.owner OR NOT ({_PG_LIVE})
+RETURNING lease.fencing_token
+"""
+PG_RENEW = f"""
+UPDATE {TABLE} AS lease SET expires_at = {_PG_EXPIRY}
+WHERE lease.key = %s AND lease.owner = %s AND {_PG_LIVE}
+"""
+_PG_FREE = f"""
+UPDATE {TABLE} AS lease
+SET released_at = clock_timestamp(), expires_at = least(lease.expires_at, clock_timestamp())
+WHERE {_PG_LIVE}"""
+PG_RELEASE = _PG_FREE + " AND lease.key = %s AND lease.owner = %s"
+PG_FORCE_RELEASE = _PG_FREE + " AND lease.key = %s"
+PG_CLEAR = _PG_FREE
+PG_LEASES = f"""
+SELECT lease.key, lease.owner, lease.holder, lease.fencing_token, lease.acquired_at,
+    CASE WHEN lease.released_at IS NOT NULL THEN 'released'
+         WHEN lease.expires_at > clock.now THEN 'held' ELSE 'expired' END,
+    (extract(epoch FROM lease.expires_at - clock.now) * 1000)::bigint
+FROM {TABLE} AS lease, (SELECT clock_timestamp() AS now) AS clock
+"""
+PG_LEASES_HELD = PG_LEASES + " WHERE lease.released_at IS NULL AND lease.expires_at > clock.now"
+PG_MISSING = f"SELECT to_regclass('{TABLE}') IS NULL, to_regclass('{SEQUENCE}') IS NULL"
+
+# SQLite. Every write runs inside BEGIN IMMEDIATE (the database's write lock, taken up front so
+# that concurrent writers wait for it instead of failing to upgrade a read lock), which makes the
+# few statements below one atomic step. Times are Django's text format, from SQLite's 'now' (the
+# machine's clock: one machine only), compared through julianday(). The token floor is the
+# one-row table holding the highest token ever handed out, so a pruned row's key never goes back.
+_SQLITE_NOW = "strftime('%Y-%m-%d %H:%M:%f', 'now')"
+_SQLITE_EXPIRY = "strftime('%Y-%m-%d %H:%M:%f', 'now', ?)"
+_SQLITE_LIVE = "released_at IS NULL AND julianday(expires_at) > julianday('now')"
+SQLITE_ACQUIRE = f"""
+INSERT INTO {TABLE} (key, owner, holder, fencing_token, acquired_at, expires_at, released_at)
+VALUES (?, ?, ?, (SELECT value + 1 FROM {SEQUENCE} WHERE id = 1), {_SQLITE_NOW}, {_SQLITE_EXPIRY},
+    NULL)
+ON CONFLICT (key) DO UPDATE SET
+    fencing_token = CASE WHEN owner = excluded.owner AND {_SQLITE_LIVE}
+        THEN fencing_token ELSE max(fencing_token + 1, excluded.fencing_token) END,
+    acquired_at = CASE WHEN owner = excluded.owner AND {_SQLITE_LIVE}
+        THEN acquired_at ELSE excluded.acquired_at END,
+    owner = excluded.owner,
+    holder = excluded.holder,
+    expires_at = excluded.expires_at,
+    released_at = NULL
+WHERE owner = excluded.owner OR NOT ({_SQLITE_LIVE})
+"""
+SQLITE_TOKEN = f"SELECT fencing_token FROM {TABLE} WHERE key = ?"
+SQLITE_RAISE_FLOOR = f"UPDATE {SEQUENCE} SET value = max(value, ?) WHERE id = 1"
+SQLITE_RENEW = f"""
+UPDATE {TABLE} SET expires_at = {_SQLITE_EXPIRY} WHERE key = ? AND owner = ? AND {_SQLITE_LIVE}
+"""
+_SQLITE_FREE = f"""
+UPDATE {TABLE} SET released_at = {_SQLITE_NOW},
+    expires_at = CASE WHEN julianday(expires_at) > julianday('now') THEN {_SQLITE_NOW}
+        ELSE expires_at END
+WHERE {_SQLITE_LIVE}"""
+SQLITE_RELEASE = _SQLITE_FREE + " AND key = ? AND owner = ?"
+SQLITE_FORCE_RELEASE = _SQLITE_FREE + " AND key = ?"
+SQLITE_CLEAR = _SQLITE_FREE
+SQLITE_LEASES = f"""
+SELECT key, owner, holder, fencing_token, acquired_at,
+    CASE WHEN released_at IS NOT NULL THEN 'released'
+         WHEN julianday(expires_at) > julianday('now') THEN 'held' ELSE 'expired' END,
+    CAST(round((julianday(expires_at) - julianday('now')) * 86400000) AS integer)
+FROM {TABLE}
+"""
+SQLITE_LEASES_HELD = SQLITE_LEASES + f" WHERE {_SQLITE_LIVE}"
+SQLITE_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN (?, ?)"
+
+CHECK_TIMEOUT = 2.0
+"""Seconds the I/O checks (``check --database``) wait for the database at most."""
+
+
+class DatabaseStore(LockStore):
+    """Leases in the ``Lease`` table of the database ``using``, on connections of the store's own.
+
+    Options (``LOCKS["OPTIONS"]``): ``using``, the ``DATABASES`` alias (PostgreSQL, or SQLite
+    for one machine); ``timeout``, the default bound of one call (a duration, 5 s); and
+    ``max_connections``, ``None`` for one connection per thread that uses the store, or a number
+    of connections shared by the threads' acquire and release calls (renewals always keep a
+    connection per thread, so requests cannot starve the renewer).
+
+    Never the request's connection: a lock taken inside ``transaction.atomic()`` is committed at
+    once and survives a rollback. Connects from the alias's current ``settings_dict`` (test
+    databases included) on first use; safe from any thread and across ``fork()``; ``close()``
+    closes every connection of this process. SQLite's in-memory test database (shared cache)
+    goes through Django's own connection, since a second connection would find it locked.
+    """
+
+    def __init__(
+        self,
+        using: str = DEFAULT_DB_ALIAS,
+        *,
+        timeout: Duration = 5,
+        max_connections: int | None = None,
+    ) -> None:
+        if not isinstance(using, str) or not using:
+            raise ImproperlyConfigured(
+                f"DatabaseStore's `using` must be an alias of DATABASES, got {using!r}."
+            )
+        self.using = using
+        try:
+            self.timeout = to_seconds(timeout, name="timeout")
+        except (TypeError, ValueError) as exc:
+            raise ImproperlyConfigured(f"DatabaseStore: {exc}.") from exc
+        if max_connections is not None and (
+            isinstance(max_connections, bool)
+            or not isinstance(max_connections, int)
+            or max_connections < 1
+        ):
+            raise ImproperlyConfigured(
+                "DatabaseStore's `max_connections` must be a positive int or None (one "
+                f"connection per thread), got {max_connections!r}."
+            )
+        self.max_connections = max_connections
+        for message in _configuration_messages(using):
+            raise ImproperlyConfigured(f"{message.msg} {message.hint}")
+        self._pools = Pools(self)
+        register(self._pools)
+
+    def __repr__(self) -> str:
+        return f"<DatabaseStore using={self.using!r}>"
+
+    # The contract.
+
+    def acquire(
+        self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None
+    ) -> int | None:
+        def pg(cursor: Any) -> int | None:
+            cursor.execute(PG_ACQUIRE, (key, owner, _holder(), ttl_ms, ttl_ms))
+            row = cursor.fetchone()
+            return None if row is None else int(row[0])
+
+        def sqlite(cursor: Any) -> int | None:
+            cursor.execute(SQLITE_ACQUIRE, (key, owner, _holder(), _sqlite_offset(ttl_ms)))
+            if cursor.rowcount != 1:
+                return None
+            token = int(cursor.execute(SQLITE_TOKEN, (key,)).fetchone()[0])
+            cursor.execute(SQLITE_RAISE_FLOOR, (token,))
+            return token
+
+        return self._pools.run(pg, sqlite, timeout, renewal=False)
+
+    def renew(self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None) -> bool:
+        def pg(cursor: Any) -> bool:
+            cursor.execute(PG_RENEW, (ttl_ms, key, owner))
+            return bool(cursor.rowcount == 1)
+
+        def sqlite(cursor: Any) -> bool:
+            cursor.execute(SQLITE_RENEW, (_sqlite_offset(ttl_ms), key, owner))
+            return bool(cursor.rowcount == 1)
+
+        return self._pools.run(pg, sqlite, timeout, renewal=True)
+
+    def release(self, key: str, owner: str, *, timeout: float | None = None) -> bool:
+        return self._update(PG_RELEASE, SQLITE_RELEASE, (key, owner), timeout) == 1
+
+    # Optional capabilities.
+
+    def leases(self, *, include_inactive: bool = False) -> list[LeaseInfo]:
+        def pg(cursor: Any) -> list[Any]:
+            cursor.execute(PG_LEASES if include_inactive else PG_LEASES_HELD)
+            return list(cursor.fetchall())
+
+        def sqlite(cursor: Any) -> list[Any]:
+            return list(cursor.execute(SQLITE_LEASES if include_inactive else SQLITE_LEASES_HELD))
+
+        rows = self._pools.run(pg, sqlite, None, renewal=False, write=False)
+        infos = [
+            LeaseInfo(
+                key=key,
+                state=_state(state),
+                owner=owner,
+                holder=holder,
+                fencing_token=int(token),
+                acquired_at=_datetime(acquired_at),
+                expires_in=None if state == "released" else datetime.timedelta(milliseconds=ms),
+            )
+            for key, owner, holder, token, acquired_at, state, ms in rows
+        ]
+        return sorted(infos, key=lambda info: (info.state != "held", info.key))
+
+    def clear(self) -> None:
+        self._update(PG_CLEAR, SQLITE_CLEAR, (), None)
+
+    def force_release(self, key: str) -> bool:
+        return self._update(PG_FORCE_RELEASE, SQLITE_FORCE_RELEASE, (key,), None) == 1
+
+    def _update(
+        self, pg_sql: str, sqlite_sql: str, params: tuple[Any, ...], timeout: float | None
+    ) -> int:
+        def pg(cursor: Any) -> int:
+            cursor.execute(pg_sql, params)
+            return int(cursor.rowcount)
+
+        def sqlite(cursor: Any) -> int:
+            cursor.execute(sqlite_sql, params)
+            return int(cursor.rowcount)
+
+        return self._pools.run(pg, sqlite, timeout, renewal=False)
+
+    # Life cycle and diagnostics.
+
+    def close(self) -> None:
+        self._pools.close()
+
+    def check(self, *, databases: Iterable[str] | None = None, deploy: bool = False) -> list[Any]:
+        messages = _configuration_messages(self.using)
+        if messages:
+            return messages
+        vendor = connections[self.using].vendor
+        if vendor == "sqlite" and not settings.DEBUG:
+            messages.append(
+                checks.Warning(
+                    f"The lock store uses the SQLite database {self.using!r}: it only shares "
+                    "locks between the processes of one machine.",
+                    hint="Use PostgreSQL (or the RedisStore) when the project runs on more than "
+                    "one machine; silence django_locks.W101 if it never does.",
+                    id="django_locks.W101",
+                )
+            )
+        if deploy or (databases is not None and self.using in databases):
+            messages.extend(self._check_schema())
+        return messages
+
+    def _check_schema(self) -> list[Any]:
+        def pg(cursor: Any) -> list[str]:
+            cursor.execute(PG_MISSING)
+            table_missing, sequence_missing = cursor.fetchone()
+            return [
+                name
+                for name, gone in ((TABLE, table_missing), (SEQUENCE, sequence_missing))
+                if gone
+            ]
+
+        def sqlite(cursor: Any) -> list[str]:
+            found = {row[0] for row in cursor.execute(SQLITE_TABLES, (TABLE, SEQUENCE))}
+            return [name for name in (TABLE, SEQUENCE) if name not in found]
+
+        try:
+            missing = self._pools.run(pg, sqlite, CHECK_TIMEOUT, renewal=False, write=False)
+        except StoreError as exc:
+            return [
+                checks.Warning(
+                    f"The lock store could not reach the database {self.using!r}: {exc}",
+                    hint="Check that the database is up and reachable from here.",
+                    id="django_locks.W103",
+                )
+            ]
+        if not missing:
+            return []
+        return [
+            checks.Warning(
+                f"The lock store's {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
+                f"missing from the database {self.using!r}.",
+                hint=f"Run `manage.py migrate django_locks --database {self.using}`.",
+                id="django_locks.W102",
+            )
+        ]
+
+
+def _configuration_messages(using: str) -> list[Any]:
+    """E101 (unknown alias), E102 (unsupported vendor): no I/O."""
+    try:
+        vendor = connections[using].vendor
+    except ConnectionDoesNotExist:
+        return [
+            checks.Error(
+                f"The lock store's database alias {using!r} is not in DATABASES.",
+                hint="Set LOCKS['OPTIONS']['using'] to one of: "
+                f"{', '.join(map(repr, connections))}.",
+                id="django_locks.E101",
+            )
+        ]
+    if vendor not in SUPPORTED_VENDORS:
+        return [
+            checks.Error(
+                f"The lock store cannot use the {vendor} database {using!r}: DatabaseStore "
+                "supports PostgreSQL, and SQLite on one machine.",
+                hint="Point LOCKS['OPTIONS']['using'] at a PostgreSQL database, or use "
+                "'django_locks.stores.RedisStore'.",
+                id="django_locks.E102",
+            )
+        ]
+    return []
+
+
+def _state(value: str) -> LeaseState:
+    if value == "held":
+        return "held"
+    if value == "expired":
+        return "expired"
+    return "released"
+
+
+def _datetime(value: Any) -> datetime.datetime | None:
+    if value is None:
+        return None
+    # SQLite keeps Django's text format (parsed by Django's converter, or here); the store
+    # writes it from SQLite's 'now', which is UTC.
+    parsed = value if isinstance(value, datetime.datetime) else parse_datetime(str(value))
+    if parsed is not None and parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=datetime.UTC)
+    return parsed
+
+
+def _sqlite_offset(ttl_ms: int) -> str:
+    return f"+{ttl_ms / 1000:.3f} seconds"
+
+
+_HOLDER: tuple[int, str] = (0, "")
+
+
+def _holder() -> str:
+    """``host:pid`` of this process, for people reading the admin."""
+    global _HOLDER
+    pid = os.getpid()
+    if _HOLDER[0] != pid:
+        _HOLDER = (pid, f"{socket.gethostname()}:{pid}")
+    return _HOLDER[1]

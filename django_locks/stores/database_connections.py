@@ -1,0 +1,466 @@
+"""The database store's own connections: per thread or pooled, call deadlines, fork safety.
+
+``DatabaseStore`` never uses the connection Django gives a request (its writes would join the
+request's transaction). It opens driver connections of its own from the alias's
+``settings_dict``, through a private instance of the alias's backend (so psycopg 3, psycopg2,
+SQLite, their options and ``connection_created`` receivers all apply), in autocommit.
+
+A watchdog thread enforces every call's deadline; the thread doing the I/O never does. At the
+deadline it shuts the connection's socket down, which wakes the caller at once even when the
+server is unreachable, and sends the server a cancel request from a thread of its own so that no
+statement keeps running there; the connection is then discarded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from django.db import connections
+from django.db.utils import Error as DjangoDatabaseError
+
+from django_locks.exceptions import StoreError, StoreTimeoutError
+
+if TYPE_CHECKING:
+    from django_locks.stores.database import DatabaseStore
+
+T = TypeVar("T")
+
+CANCEL_TIMEOUT = 5.0
+"""Seconds the cancel request of an abandoned call may take (it runs on a thread of its own)."""
+
+
+class StoreConnection:
+    """One driver connection of a store (or, for SQLite in memory, Django's own)."""
+
+    def __init__(self, raw: Any, *, vendor: str, owned: bool) -> None:
+        self.raw = raw
+        self.vendor = vendor
+        self.owned = owned
+        self.psycopg2 = type(raw).__module__.startswith("psycopg2")
+        self.fd = raw.fileno() if vendor == "postgresql" else -1
+        self.thread = threading.current_thread()
+        self.name = ""  # the database name it was opened on
+        self.deadline = math.inf
+        self.busy = False
+        self.fired = False  # the watchdog abandoned the call running on it
+        self.close_requested = False
+        self.closed = False
+        self._close_lock = threading.Lock()
+        self._call_over = False
+        self._cancel_over = False
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if not self.owned:
+            return  # Django's own connection: Django closes it
+        with contextlib.suppress(Exception):  # a broken connection may complain; it is gone
+            self.raw.close()
+
+    def abandon(self) -> None:
+        """Watchdog side, at the deadline, while the call still runs on another thread."""
+        self.fired = True
+        if self.vendor == "sqlite":
+            if self.owned:
+                self.raw.interrupt()
+            return
+        try:
+            # A socket object of our own on a duplicate descriptor: shutdown() acts on the
+            # connection (waking the blocked caller), close() only on the duplicate.
+            with socket.socket(fileno=os.dup(self.fd)) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        threading.Thread(target=self._cancel, name="django_locks-cancel", daemon=True).start()
+
+    def _cancel(self) -> None:
+        try:
+            if self.psycopg2:
+                self.raw.cancel()
+            else:
+                self.raw.cancel_safe(timeout=CANCEL_TIMEOUT)
+        except Exception:
+            pass
+        with self._close_lock:
+            self._cancel_over = True
+            close_now = self._call_over
+        if close_now:
+            self.close()
+
+    def discard(self) -> None:
+        """Caller side: never use it again. An abandoned one is closed once its cancel is sent
+        (closing it earlier would free what the cancelling thread still reads)."""
+        if not self.fired or self.vendor == "sqlite":
+            self.close()
+            return
+        with self._close_lock:
+            self._call_over = True
+            close_now = self._cancel_over
+        if close_now:
+            self.close()
+
+
+class _Watchdog:
+    """One thread per process that abandons the calls still running at their deadline."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition(threading.Lock())
+        self.watched: set[StoreConnection] = set()
+        self.wake_at = math.inf
+        self.thread: threading.Thread | None = None
+
+    def watch(self, conn: StoreConnection, deadline: float) -> None:
+        with self.cond:
+            conn.deadline = deadline
+            self.watched.add(conn)
+            if self.thread is None:
+                self.thread = threading.Thread(
+                    target=self._run, name="django_locks-watchdog", daemon=True
+                )
+                self.thread.start()
+            if deadline < self.wake_at:  # otherwise the watchdog wakes up early enough
+                self.wake_at = deadline
+                self.cond.notify()
+
+    def unwatch(self, conn: StoreConnection) -> bool:
+        """Stop watching ``conn``; ``True`` when its call was abandoned."""
+        with self.cond:
+            self.watched.discard(conn)
+            return conn.fired
+
+    def _run(self) -> None:
+        with self.cond:
+            while True:
+                now = time.monotonic()
+                wake = math.inf
+                for conn in list(self.watched):
+                    if conn.deadline <= now:
+                        self.watched.discard(conn)
+                        conn.abandon()
+                    else:
+                        wake = min(wake, conn.deadline)
+                self.wake_at = wake
+                self.cond.wait(None if wake == math.inf else wake - now)
+
+
+class _ProcessState:
+    """The connections one store opened in this process (a forked child starts afresh)."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.lock = threading.Lock()
+        self.local = threading.local()
+        self.conns: set[StoreConnection] = set()
+        self.idle: list[StoreConnection] = []
+        self.slots: threading.BoundedSemaphore | None = None
+        self.shared: StoreConnection | None = None  # SQLite in memory: Django's connection
+        self.shared_lock = threading.Lock()
+
+
+class Pools:
+    """The connections of one ``DatabaseStore``: how calls get one, run, and give it back."""
+
+    def __init__(self, store: DatabaseStore) -> None:
+        self.using = store.using
+        self.default_timeout = store.timeout
+        self.max_connections = store.max_connections
+        self.state = _ProcessState()
+        self.vendor = ""
+        self.errors: tuple[type[BaseException], ...] = (DjangoDatabaseError, OSError)
+
+    def run(
+        self,
+        pg: Callable[[Any], T],
+        sqlite: Callable[[Any], T],
+        timeout: float | None,
+        *,
+        renewal: bool,
+        write: bool = True,
+    ) -> T:
+        """Run ``pg(cursor)`` or ``sqlite(cursor)`` on a connection, within ``timeout`` seconds."""
+        seconds = self.default_timeout if timeout is None else timeout
+        if seconds <= 0:
+            raise StoreTimeoutError(f"No time left for a call to the database {self.using!r}.")
+        deadline = time.monotonic() + seconds
+        state = self._current_state()
+        conn = self._checkout(state, deadline, renewal)
+        try:
+            result = self._execute(conn, pg, sqlite, deadline, seconds, write)
+        except BaseException:
+            self._give_back(state, conn, renewal, broken=True)
+            raise
+        self._give_back(state, conn, renewal, broken=conn.fired)
+        return result
+
+    def _execute(
+        self,
+        conn: StoreConnection,
+        pg: Callable[[Any], T],
+        sqlite: Callable[[Any], T],
+        deadline: float,
+        seconds: float,
+        write: bool,
+    ) -> T:
+        _watchdog().watch(conn, deadline)
+        try:
+            if conn.vendor == "postgresql":
+                with conn.raw.cursor() as cursor:
+                    return pg(cursor)
+            return _run_sqlite(conn, sqlite, deadline, write)
+        except self.errors as exc:
+            if _watchdog().unwatch(conn):
+                raise StoreTimeoutError(
+                    f"The database {self.using!r} did not answer within {seconds:g}s; the call "
+                    "was abandoned and its connection discarded."
+                ) from exc
+            raise StoreError(
+                f"The database {self.using!r} failed a lock store call: {exc}"
+            ) from exc
+        finally:
+            _watchdog().unwatch(conn)
+
+    # Getting a connection and giving it back.
+
+    def _checkout(self, state: _ProcessState, deadline: float, renewal: bool) -> StoreConnection:
+        if not self.vendor:
+            wrapper: Any = connections[self.using]
+            self.vendor = wrapper.vendor
+            self.errors = (DjangoDatabaseError, OSError, wrapper.Database.Error)
+        if self.vendor == "sqlite" and _in_memory(self.using):
+            return self._checkout_shared(state, deadline)
+        if self.max_connections is None or renewal:
+            with state.lock:
+                conn: StoreConnection | None = getattr(state.local, "conn", None)
+                if conn is not None and not (conn.closed or conn.close_requested):
+                    conn.busy = True
+                    return conn
+            conn = self._connect(state, deadline)
+            state.local.conn = conn
+            return conn
+        if state.slots is None:
+            with state.lock:
+                if state.slots is None:
+                    state.slots = threading.BoundedSemaphore(self.max_connections)
+        if not state.slots.acquire(timeout=max(deadline - time.monotonic(), 0)):
+            raise StoreTimeoutError(
+                f"None of the {self.max_connections} connections of the lock store to the "
+                f"database {self.using!r} became free before the call's timeout."
+            )
+        with state.lock:
+            while state.idle:
+                conn = state.idle.pop()
+                if not (conn.closed or conn.close_requested):
+                    conn.busy = True
+                    return conn
+        try:
+            return self._connect(state, deadline)
+        except BaseException:
+            state.slots.release()
+            raise
+
+    def _give_back(
+        self, state: _ProcessState, conn: StoreConnection, renewal: bool, *, broken: bool
+    ) -> None:
+        if not conn.owned:
+            if broken:
+                state.shared = None
+            state.shared_lock.release()
+            return
+        pooled = self.max_connections is not None and not renewal
+        with state.lock:
+            conn.busy = False
+            keep = not (broken or conn.close_requested or conn.closed) and state.pid == os.getpid()
+            if not keep:
+                state.conns.discard(conn)
+            elif pooled:
+                state.idle.append(conn)
+        if pooled and state.slots is not None:
+            state.slots.release()
+        if not keep:
+            if getattr(state.local, "conn", None) is conn:
+                state.local.conn = None
+            conn.discard()
+
+    def _checkout_shared(self, state: _ProcessState, deadline: float) -> StoreConnection:
+        # SQLite's in-memory test database lives as long as Django's connection to it, and a
+        # second connection to its shared cache finds tables locked: use Django's connection,
+        # one call at a time.
+        if not state.shared_lock.acquire(timeout=max(deadline - time.monotonic(), 0)):
+            raise StoreTimeoutError(f"The SQLite database {self.using!r} stayed busy.")
+        try:
+            wrapper = connections[self.using]
+            name = wrapper.settings_dict["NAME"]
+            shared = state.shared
+            if shared is None or shared.name != name:
+                wrapper.ensure_connection()
+                shared = StoreConnection(wrapper.connection, vendor="sqlite", owned=False)
+                shared.name = name
+                state.shared = shared
+            return shared
+        except BaseException:
+            state.shared_lock.release()
+            raise
+
+    def _connect(self, state: _ProcessState, deadline: float) -> StoreConnection:
+        base = connections[self.using]
+        options = {k: v for k, v in base.settings_dict["OPTIONS"].items() if k != "pool"}
+        settings_dict = {**base.settings_dict, "OPTIONS": options}
+        wrapper = type(base)(settings_dict, self.using)
+        attempt = _ConnectAttempt(wrapper)
+        # Connecting runs on a thread of its own so that a server that does not answer costs
+        # the caller no more than its timeout; a connection completed too late is closed.
+        threading.Thread(target=attempt.run, name="django_locks-connect", daemon=True).start()
+        if not attempt.done.wait(max(deadline - time.monotonic(), 0)) and attempt.abandon():
+            raise StoreTimeoutError(
+                f"Connecting to the database {self.using!r} took longer than the call's timeout."
+            )
+        if attempt.error is not None:
+            if isinstance(attempt.error, self.errors):
+                raise StoreError(
+                    f"The lock store could not connect to the database {self.using!r}: "
+                    f"{attempt.error}"
+                ) from attempt.error
+            raise attempt.error
+        conn = StoreConnection(attempt.raw, vendor=self.vendor, owned=True)
+        conn.name = settings_dict["NAME"]
+        conn.busy = True
+        with state.lock:
+            # Connections of threads that ended are closed here rather than left to the GC.
+            dead = [c for c in state.conns if not c.busy and not c.thread.is_alive()]
+            state.conns.difference_update(dead)
+            state.conns.add(conn)
+        for old in dead:
+            old.close()
+        return conn
+
+    # Life cycle.
+
+    def close(self) -> None:
+        state = self.state
+        if state.pid != os.getpid():
+            return  # the parent's connections: never closed by a child
+        with state.lock:
+            to_close = [conn for conn in state.conns if not conn.busy]
+            for conn in state.conns:
+                conn.close_requested = True  # a busy one is closed by its thread, after its call
+            state.conns.clear()
+            state.idle.clear()
+            state.shared = None
+        for conn in to_close:
+            conn.close()
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: drop the parent's connections without closing them (closing
+        would end the parent's sessions); they stay referenced so the GC never closes them."""
+        _INHERITED.append(self.state)
+        self.state = _ProcessState()
+
+    def _current_state(self) -> _ProcessState:
+        if self.state.pid != os.getpid():
+            self.forget_after_fork()
+        return self.state
+
+
+class _ConnectAttempt:
+    def __init__(self, wrapper: Any) -> None:
+        self.wrapper = wrapper
+        self.done = threading.Event()
+        self.lock = threading.Lock()
+        self.abandoned = False
+        self.raw: Any = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.wrapper.connect()
+            if not self.wrapper.get_autocommit():
+                self.wrapper.set_autocommit(True)
+            raw = self.wrapper.connection
+        except BaseException as exc:
+            self.error = exc
+            raw = None
+        with self.lock:
+            self.raw = raw
+            self.done.set()
+            late = self.abandoned
+        if late and raw is not None:
+            raw.close()
+
+    def abandon(self) -> bool:
+        """``True`` when the attempt was still running (it is now abandoned)."""
+        with self.lock:
+            if self.done.is_set():
+                return False
+            self.abandoned = True
+            return True
+
+
+def _in_memory(using: str) -> bool:
+    wrapper: Any = connections[using]
+    return bool(wrapper.is_in_memory_db())
+
+
+def _run_sqlite(conn: StoreConnection, fn: Callable[[Any], T], deadline: float, write: bool) -> T:
+    raw = conn.raw
+    cursor = raw.cursor()
+    try:
+        if conn.owned:
+            # Waiting for another process's write lock counts against the call's timeout.
+            ms = max(1, math.ceil((deadline - time.monotonic()) * 1000))
+            cursor.execute(f"PRAGMA busy_timeout = {ms}")
+        if not write:
+            return fn(cursor)
+        # BEGIN IMMEDIATE takes the write lock up front; inside a transaction of Django's own
+        # (the in-memory test database) a savepoint makes the statements one step instead.
+        nested = raw.in_transaction
+        cursor.execute("SAVEPOINT django_locks" if nested else "BEGIN IMMEDIATE")
+        try:
+            result = fn(cursor)
+        except BaseException:
+            try:
+                cursor.execute("ROLLBACK TO django_locks" if nested else "ROLLBACK")
+                if nested:
+                    cursor.execute("RELEASE django_locks")
+            except Exception:
+                pass
+            raise
+        cursor.execute("RELEASE django_locks" if nested else "COMMIT")
+        return result
+    finally:
+        cursor.close()
+
+
+# Per process: the watchdog, the stores (to forget their connections in a forked child), and the
+# inherited connections a child keeps referenced forever so that they are never closed.
+_WATCHDOG: list[_Watchdog] = []
+_STORES: weakref.WeakSet[Pools] = weakref.WeakSet()
+_INHERITED: list[Any] = []
+
+
+def _watchdog() -> _Watchdog:
+    if not _WATCHDOG:
+        _WATCHDOG.append(_Watchdog())
+    return _WATCHDOG[0]
+
+
+def register(pools: Pools) -> None:
+    _STORES.add(pools)
+
+
+def _after_fork_in_child() -> None:
+    if _WATCHDOG:
+        _INHERITED.append(_WATCHDOG.pop())
+    for pools in list(_STORES):
+        pools.forget_after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
