@@ -270,7 +270,7 @@ def test_a_store_opens_at_most_max_connections(redis_server):
     for thread in threads:
         thread.join(timeout=30)
     process = store._state()
-    pool = process.pools[None]
+    pool = process.pools["ops", None]
     assert len(pool._idle) <= 3
     store.close()
 
@@ -352,7 +352,8 @@ def test_safe_across_fork(redis_server):
 # The ACL the deployment guide documents (docs/howto/redis-deployment.rst) is enough.
 DOCUMENTED_ACL = (
     "on >locks-secret ~acltest:* resetchannels -@all +evalsha +script|load +scan "
-    "+del +hget +hmget +hset +pexpire +pttl +get +set +time +ping +hello +config|get"
+    "+del +hget +hmget +hset +pexpire +pttl +get +set +time +rpush +blpop +ping +hello "
+    "+config|get"
 )
 
 
@@ -372,3 +373,47 @@ def test_the_documented_acl_is_enough(redis_server):
     assert store.force_release("acl") is False
     assert store.check(deploy=True) == []
     store.clear()
+
+
+@pytest.mark.redis
+def test_blocked_waiters_never_hold_up_renewals(redis_server):
+    store = RedisStore(url=redis_server.url, max_connections=2, prefix=f"t{uuid.uuid4().hex[:8]}")
+    owner = _owner()
+    assert store.acquire("k", owner, 30_000) is not None
+    results: list[bool] = []
+    waiters = [
+        threading.Thread(target=lambda: results.append(store.wait_for_release("k", 1.0)))
+        for _ in range(6)
+    ]
+    for waiter in waiters:
+        waiter.start()
+    time.sleep(0.2)  # the first two block in BLPOP, the others wait for a wait connection
+    started = time.monotonic()
+    assert store.renew("k", owner, 30_000, timeout=0.5)
+    assert time.monotonic() - started < 0.5
+    assert store.release("k", owner)
+    for waiter in waiters:
+        waiter.join(timeout=10)
+    assert True in results  # one release wakes one waiter; the others time out with False
+    assert len(results) == 6
+
+
+@pytest.mark.redis
+def test_a_release_hands_over_to_a_waiter_at_once(redis_server):
+    store = RedisStore(url=redis_server.url, prefix=f"t{uuid.uuid4().hex[:8]}")
+    owner = _owner()
+    store.acquire("k", owner, 30_000)
+    woken: list[float] = []
+
+    def wait() -> None:
+        assert store.wait_for_release("k", 5)
+        woken.append(time.monotonic())
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(0.2)
+    released = time.monotonic()
+    store.release("k", owner)
+    waiter.join(timeout=10)
+    assert woken and woken[0] - released < 0.1, woken
+    assert store.acquire("k", _owner(), 30_000) is not None

@@ -85,9 +85,14 @@ return 0
 """
 
 # Ownership is checked and the lease deleted in one step; the counter (KEYS[2]) is untouched.
+# KEYS[3] is the key's wake-up list: one element wakes one waiter blocked in BLPOP (one is all
+# a handover needs); it lapses after a second when nobody waits.
 RELEASE_SCRIPT = """
 if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
   redis.call('DEL', KEYS[1])
+  redis.call('DEL', KEYS[3])
+  redis.call('RPUSH', KEYS[3], '1')
+  redis.call('PEXPIRE', KEYS[3], 1000)
   return 1
 end
 return 0
@@ -165,7 +170,7 @@ class _Process:
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self.pools: dict[tuple[str, int] | None, _Pool] = {}
+        self.pools: dict[tuple[str, tuple[str, int] | None], _Pool] = {}
         self.cluster: redis.cluster.RedisCluster | None = None
         self.moved: dict[int, tuple[str, int]] = {}
         self.refresh = False
@@ -271,7 +276,28 @@ class RedisStore(LockStore):
         return bool(self._eval("renew", key, (owner, ttl_ms), timeout) == 1)
 
     def release(self, key: str, owner: str, *, timeout: float | None = None) -> bool:
-        return bool(self._eval("release", key, (owner,), timeout) == 1)
+        lease, fence = self._keys(key)
+        command = ("EVALSHA", _SCRIPTS["release"][1], 3, lease, fence, self._wakeup_key(key), owner)
+        return bool(self._routed(lease, command, timeout, "release") == 1)
+
+    def wait_for_release(self, key: str, timeout: float) -> bool:
+        """Block up to ``timeout`` seconds in BLPOP on the key's wake-up list.
+
+        One release wakes one waiter. Waits use connections of their own (up to
+        ``max_connections`` per server), so blocked waiters never hold up renewals; a waiter that
+        finds them all busy waits for one until its timeout and returns ``False``.
+        """
+        wakeup = self._wakeup_key(key)
+        # The server ends the BLPOP at the timeout; the socket gets a second more to say so.
+        deadline = self._deadline(timeout + 1)
+        node = self._node_for(wakeup, deadline)
+        try:
+            reply = self._call(node, ("BLPOP", wakeup, max(timeout, 0.001)), deadline, pool="wait")
+        except StoreTimeoutError:
+            if time.monotonic() < deadline:
+                raise
+            return False
+        return reply is not None
 
     def leases(self, *, include_inactive: bool = False) -> list[LeaseInfo]:
         """Held leases only: Redis forgets a lease once it is released or expired."""
@@ -343,6 +369,9 @@ class RedisStore(LockStore):
         tag = hashlib.sha256(key.encode()).hexdigest()[:32]
         base = f"{self.prefix}:{{{tag}}}:"
         return (base + "lease").encode(), (base + "fence").encode()
+
+    def _wakeup_key(self, key: str) -> bytes:
+        return self._keys(key)[0][: -len(b"lease")] + b"released"
 
     def _eval(self, script: str, key: str, args: tuple[Any, ...], timeout: float | None) -> Any:
         lease, fence = self._keys(key)
@@ -446,15 +475,15 @@ class RedisStore(LockStore):
                     raise _translate(exc, "discovering the Redis Cluster") from exc
             return process.cluster
 
-    def _pool(self, node: tuple[str, int] | None) -> _Pool:
+    def _pool(self, node: tuple[str, int] | None, kind: str) -> _Pool:
         process = self._state()
         with process.lock:
-            pool = process.pools.get(node)
+            pool = process.pools.get((kind, node))
             if pool is None:
                 kwargs = dict(self._connection_kwargs)
                 if node is not None:
                     kwargs["host"], kwargs["port"] = node
-                pool = process.pools[node] = _Pool(
+                pool = process.pools[kind, node] = _Pool(
                     kwargs, self._connection_class, self.max_connections
                 )
             return pool
@@ -465,6 +494,7 @@ class RedisStore(LockStore):
         command: tuple[Any, ...],
         deadline: float | None,
         script: str | None = None,
+        pool: str = "ops",
     ) -> Any:
         """Run ``command`` on ``node`` before ``deadline``; EVALSHA reloads its script on NOSCRIPT.
 
@@ -476,8 +506,8 @@ class RedisStore(LockStore):
             deadline = self._deadline(None)
         if deadline <= time.monotonic():
             raise StoreTimeoutError("The Redis call's timeout had passed before it was sent.")
-        pool = self._pool(node)
-        conn, reused = pool.get(deadline)
+        connections = self._pool(node, pool)
+        conn, reused = connections.get(deadline)
         try:
             self._ready(conn, reused, deadline)
             try:
@@ -490,18 +520,18 @@ class RedisStore(LockStore):
                 self._roundtrip(conn, ("SCRIPT", "LOAD", _SCRIPTS[script][0]), deadline)
                 reply = self._roundtrip(conn, command, deadline)
         except redis.exceptions.ResponseError as exc:
-            pool.put(conn)
+            connections.put(conn)
             if isinstance(exc, redis.exceptions.AskError):
                 raise
             raise _translate(exc, f"running {command[0]}") from exc
         except BaseException as exc:
-            pool.discard(conn)
+            connections.discard(conn)
             if isinstance(exc, redis.exceptions.RedisError | OSError):
                 if node is not None:
                     self._state().refresh = True
                 raise _translate(exc, f"running {command[0]}") from exc
             raise
-        pool.put(conn)
+        connections.put(conn)
         return reply
 
     def _ready(self, conn: Any, reused: bool, deadline: float) -> None:
