@@ -6,7 +6,6 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from django.apps import AppConfig
-from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
@@ -41,9 +40,11 @@ def check_production(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
     """E002 (``check --deploy``): the in-memory store would protect one process only."""
+    # A deploy check looks at the store whatever DEBUG says: DEBUG = False alone is refused at
+    # startup already, and a deploy run with DEBUG still on is what this check is for.
     try:
         config = conf.read()
-        conf.refuse_in_memory_in_production(config, debug=settings.DEBUG)
+        conf.refuse_in_memory_in_production(config, debug=False)
     except ImproperlyConfigured as exc:
         if "InMemoryStore" not in str(exc):
             return []  # reported by E001

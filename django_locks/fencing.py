@@ -20,20 +20,24 @@ class FencingTokenField(models.BigIntegerField):  # type: ignore[type-arg]
 
 
 def fenced_update(
-    queryset: models.QuerySet[Any], token: int | Lock, *, field: str | None = None, **values: Any
+    queryset: models.QuerySet[Any],
+    token: int | Lock,
+    *,
+    fencing_field: str | None = None,
+    **values: Any,
 ) -> int:
     """Write ``values`` and ``token`` in ONE ``UPDATE``, only on rows whose stored token is not
     greater than ``token``; return the number of rows written.
 
-    ``token`` is a fencing token (or a ``Lock``, whose token is used). ``field`` names the
-    ``FencingTokenField`` when the model has several. A row last written with a greater token is
+    ``token`` is a fencing token (or a ``Lock``, whose token is used). ``fencing_field`` names
+    the ``FencingTokenField`` when the model has several. A row last written with a greater token is
     left alone: the holder of an older lock (one that paused and lost it) writes nothing.
     """
     if isinstance(token, Lock):
         token = token.fencing_token
     if isinstance(token, bool) or not isinstance(token, int) or token < 0:
         raise TypeError(f"`token` must be a non-negative int fencing token, got {token!r}")
-    name = _token_field(queryset.model, field)
+    name = _token_field(queryset.model, fencing_field)
     if name in values:
         raise ValueError(f"`values` must not set {name!r}: fenced_update() writes the token itself")
     if not values:
@@ -46,13 +50,13 @@ def _token_field(model: type[models.Model], field: str | None) -> str:
     if field is not None:
         if field not in fields:
             raise ValueError(
-                f"`field` must name a FencingTokenField of {model.__name__} "
+                f"`fencing_field` must name a FencingTokenField of {model.__name__} "
                 f"(one of {fields}), got {field!r}"
             )
         return field
     if len(fields) != 1:
         raise ValueError(
             f"{model.__name__} has {len(fields)} FencingTokenFields ({fields}); "
-            "fenced_update() needs exactly one, or `field=` naming it"
+            "fenced_update() needs exactly one, or `fencing_field=` naming it"
         )
     return fields[0]

@@ -107,7 +107,9 @@ class Lock:
         await self.arelease()
 
     def __repr__(self) -> str:
-        state = "held" if self.held else self._keeper.state
+        state = self._keeper.state
+        if state == "held" and not self.held:
+            state = "past its deadline"
         return f"<Lock {self.key!r} token={self.fencing_token} {state}>"
 
 

@@ -229,11 +229,18 @@ class Keeper:
         if callbacks:
             self.clock.notify(lambda: self._run_callbacks(callbacks))
 
-    def detach(self) -> None:
-        """Forget the lock without any I/O (it belongs to another process, or to nobody now)."""
-        self._mutex = threading.RLock()
+    def detach(self, reason: str, *, after_fork: bool = False) -> None:
+        """Forget the lock without any I/O (it belongs to another process, or to nobody now).
+
+        Its signal aborts, so work waiting on it here stops; its callbacks are not run (they
+        belong to whoever registered them, which may be the parent process)."""
+        if after_fork:
+            # Another thread of the parent may have held these at fork() time.
+            self._mutex = threading.RLock()
+            self.signal._mutex = threading.Lock()
         self.state = "detached"
         self._renew_timer = self._deadline_timer = None
+        self.signal._set(AbortedError(f"lock {self.key!r} is not held here: {reason}"))
 
 
 def held_keepers() -> list[Keeper]:
@@ -245,7 +252,7 @@ def _detach_inherited_locks() -> None:
     # A forked child shares the parent's owner ids: renewing or releasing them here would act on
     # the parent's leases. The child simply does not hold them.
     for keeper in list(_keepers):
-        keeper.detach()
+        keeper.detach("it was inherited across fork() and stays the parent's", after_fork=True)
 
 
 os.register_at_fork(after_in_child=_detach_inherited_locks)

@@ -35,6 +35,8 @@ BACKOFF_FIRST = 0.025
 """Seconds before the second try of a waiting acquire; doubled each try..."""
 BACKOFF_CAP = 1.0
 """...up to this many seconds, each delay drawn at random from its upper half (jitter)."""
+MIN_TTL_MS = 50
+"""The shortest ttl a lock may have, in milliseconds."""
 NOTICE_SLICE = 0.25
 """Seconds of one wait for a store's release notice, between checks of the abort signal."""
 
@@ -53,7 +55,7 @@ class Locks:
         if clock is not None and not isinstance(clock, Clock):
             raise TypeError(f"`clock` must be a django_locks Clock, got {clock!r}")
         self.store = store
-        self.ttl_ms = to_milliseconds(ttl, name="ttl")
+        self.ttl_ms = _lock_ttl(ttl)
         self.clock = clock if clock is not None else system_clock
         # Whether to wait for the store's release notices (until it says it has none).
         self._notified = True
@@ -200,7 +202,7 @@ class Locks:
         self, key: object, ttl: Duration | None, wait: Duration, signal: object
     ) -> tuple[int, float]:
         validate_key(key)
-        ttl_ms = self.ttl_ms if ttl is None else to_milliseconds(ttl, name="ttl")
+        ttl_ms = self.ttl_ms if ttl is None else _lock_ttl(ttl)
         wait_s = to_milliseconds(wait, name="wait", allow_zero=True) / 1000
         if signal is not None and not isinstance(signal, AbortSignal):
             raise TypeError(f"`signal` must be an AbortSignal or None, got {signal!r}")
@@ -327,6 +329,16 @@ class LockBlock:
             if exc_type is None:
                 raise
             logger.warning("Releasing lock %r failed", self._key, exc_info=True)
+
+
+def _lock_ttl(ttl: Duration) -> int:
+    ttl_ms = to_milliseconds(ttl, name="ttl")
+    if ttl_ms < MIN_TTL_MS:
+        raise ValueError(
+            f"`ttl` must be at least {MIN_TTL_MS}ms (the holder's deadline keeps a margin and "
+            f"renews every ttl/3), got {ttl!r}"
+        )
+    return ttl_ms
 
 
 def _backoff(attempt: int) -> float:

@@ -57,5 +57,5 @@ def test_bad_arguments() -> None:
         fenced_update(rows, 1, fencing_token=9)
     with pytest.raises(ValueError, match="at least one value"):
         fenced_update(rows, 1)
-    with pytest.raises(ValueError, match="`field` must name a FencingTokenField"):
-        fenced_update(rows, 1, field="count", count=2)
+    with pytest.raises(ValueError, match="`fencing_field` must name a FencingTokenField"):
+        fenced_update(rows, 1, fencing_field="count", count=2)

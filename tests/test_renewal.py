@@ -172,6 +172,18 @@ def test_a_garbage_collected_lock_lapses_with_a_warning(
 # Real time: the deadline is a timer, not the thread doing the I/O.
 
 
+def test_p2_the_holders_validity_ends_before_the_stores_expiry() -> None:
+    store = InMemoryStore()  # its clock is time.monotonic(), like the holder's
+    service = Locks(store, ttl=0.5)
+    lock = service.acquire("k")
+    assert lock is not None
+    for _ in range(4):
+        lease = store._leases["k"]
+        assert lock.deadline < lease.expires_at
+        time.sleep(0.2)  # renewals move both
+    assert lock.release()
+
+
 def test_the_deadline_fires_on_time_while_a_renewal_hangs_and_the_late_ok_does_not_count() -> None:
     store = FaultyStore(InMemoryStore())
     service = Locks(store, ttl=0.6)
@@ -229,6 +241,8 @@ def test_after_fork_the_child_does_not_hold_the_parents_locks_and_renews_its_own
         try:
             if parent_lock.held or parent_lock.release():
                 code = 3
+            if not parent_lock.signal.aborted:
+                code = 6
             child_lock = service.acquire("child")
             time.sleep(1.0)
             if child_lock is None or not child_lock.held:

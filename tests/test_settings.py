@@ -93,8 +93,13 @@ def test_checks_report_bad_settings_and_the_in_memory_store_under_deploy() -> No
             call_command("check")
     with override_settings(DEBUG=False, LOCKS={"BACKEND": MEMORY}):
         call_command("check")  # not a deploy check: test runners set DEBUG = False
-        with pytest.raises(SystemCheckError, match="django_locks.E002"):
-            call_command("check", "--deploy", "--fail-level", "ERROR", "--tag", "django_locks")
+    for debug in (False, True):
+        with override_settings(DEBUG=debug, LOCKS={"BACKEND": MEMORY}):
+            with pytest.raises(SystemCheckError, match="django_locks.E002"):
+                call_command("check", "--deploy", "--fail-level", "ERROR", "--tag", "django_locks")
+    allowed = {"BACKEND": MEMORY, "ALLOW_IN_MEMORY_STORAGE": True}
+    with override_settings(LOCKS=allowed):
+        call_command("check", "--deploy", "--fail-level", "ERROR", "--tag", "django_locks")
 
 
 def test_settings_are_read_once_and_reset_on_change() -> None:

@@ -72,6 +72,12 @@ def test_bad_ttls_are_refused_naming_the_argument(service, store, ttl, error) ->
     assert store.leases(include_inactive=True) == []
 
 
+def test_a_ttl_too_short_to_renew_is_refused(service, store) -> None:
+    with pytest.raises(ValueError, match="`ttl` must be at least 50ms"):
+        service.acquire("k", ttl="4ms")
+    assert store.leases(include_inactive=True) == []
+
+
 @pytest.mark.parametrize("wait", [-1, "-1s", "5x", "soon", datetime.timedelta(seconds=-1)])
 def test_a_negative_or_unparsable_wait_is_refused(service, store, wait) -> None:
     with pytest.raises(ValueError, match="`wait` must be a non-negative duration"):

@@ -19,5 +19,5 @@ def reset_locks(store: LockStore | None = None) -> None:
 
         store = locks.store
     for keeper in held_keepers():
-        keeper.detach()
+        keeper.detach("reset_locks() cleared every lease")
     store.clear()
