@@ -58,3 +58,49 @@ def make_redis_server() -> Iterator[Any]:
         # Printed during teardown: pytest shows it only for a failed test.
         print(f"--- {server.log} ---\n{dump_log(server.log)}")
         server.destroy()
+
+
+# PostgreSQL and PgBouncer (tests/servers/postgres.py): started once collection (and -m / -k
+# deselection) is done and only when selected tests carry the `postgres` / `pgbouncer` markers,
+# so that their DATABASES aliases exist before pytest-django creates the test databases.
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from tests.servers import postgres
+
+    wanted = {"postgres", "pgbouncer"}
+    postgres.start_for({m.name for item in items for m in item.iter_markers() if m.name in wanted})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    from tests.servers import missing, postgres
+
+    for name in ("pgbouncer", "postgres"):
+        if item.get_closest_marker(name) is not None and name in postgres.UNAVAILABLE:
+            missing(postgres.UNAVAILABLE[name])
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    from tests.servers import postgres
+
+    postgres.stop_all()
+
+
+@pytest.fixture(scope="session")
+def postgres_server(django_db_setup: None) -> Any:
+    """The session's PostgreSQL cluster (alias ``postgres``), its test database created."""
+    from tests.servers import postgres
+
+    return postgres.SERVERS[postgres.POSTGRES_ALIAS]
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_server(django_db_setup: None) -> Iterator[Any]:
+    """PgBouncer in transaction mode (alias ``pgbouncer``, a test mirror of ``postgres``);
+    stopped before the test database is dropped, which its server connections would block."""
+    from tests.servers import postgres
+
+    yield postgres.SERVERS[postgres.PGBOUNCER_ALIAS]
+    postgres.stop_pgbouncer()

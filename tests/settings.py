@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+
 SECRET_KEY = "django_locks-tests-not-secret"
 DEBUG = False
 USE_TZ = True
@@ -42,10 +45,15 @@ TEMPLATES = [
 ]
 
 # The default database is SQLite (its test database is the shared-cache in-memory one). The
-# PostgreSQL alias points at the throwaway cluster tests/servers/postgres.py starts.
+# `postgres` and `pgbouncer` aliases point at the throwaway servers tests/servers/postgres.py
+# starts: tests/conftest.py adds them after collection when the selected tests need them. A
+# process a test starts (a lock holder to kill, Django's own test runner) finds the `postgres`
+# alias in DJANGO_LOCKS_TEST_POSTGRES (a JSON DATABASES entry).
 DATABASES: dict[str, dict[str, object]] = {
     "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"},
 }
+if os.environ.get("DJANGO_LOCKS_TEST_POSTGRES"):
+    DATABASES["postgres"] = json.loads(os.environ["DJANGO_LOCKS_TEST_POSTGRES"])
 
 # The suite's own tests build their Locks explicitly; the configured service uses the in-memory
 # store, which DEBUG = False would refuse at startup without this opt-in.

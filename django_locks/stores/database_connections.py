@@ -314,8 +314,7 @@ class Pools:
         base = connections[self.using]
         options = {k: v for k, v in base.settings_dict["OPTIONS"].items() if k != "pool"}
         settings_dict = {**base.settings_dict, "OPTIONS": options}
-        wrapper = type(base)(settings_dict, self.using)
-        attempt = _ConnectAttempt(wrapper)
+        attempt = _ConnectAttempt(lambda: type(base)(settings_dict, self.using))
         # Connecting runs on a thread of its own so that a server that does not answer costs
         # the caller no more than its timeout; a connection completed too late is closed.
         threading.Thread(target=attempt.run, name="django_locks-connect", daemon=True).start()
@@ -371,8 +370,10 @@ class Pools:
 
 
 class _ConnectAttempt:
-    def __init__(self, wrapper: Any) -> None:
-        self.wrapper = wrapper
+    def __init__(self, make_wrapper: Callable[[], Any]) -> None:
+        # A private instance of the alias's backend, made on the connecting thread (Django's
+        # wrappers refuse to be used from another thread than their creator's).
+        self.make_wrapper = make_wrapper
         self.done = threading.Event()
         self.lock = threading.Lock()
         self.abandoned = False
@@ -381,10 +382,11 @@ class _ConnectAttempt:
 
     def run(self) -> None:
         try:
-            self.wrapper.connect()
-            if not self.wrapper.get_autocommit():
-                self.wrapper.set_autocommit(True)
-            raw = self.wrapper.connection
+            wrapper = self.make_wrapper()
+            wrapper.connect()
+            if not wrapper.get_autocommit():
+                wrapper.set_autocommit(True)
+            raw = wrapper.connection
         except BaseException as exc:
             self.error = exc
             raw = None

@@ -40,8 +40,14 @@ def unprivileged_user() -> tuple[int, int]:
         entry = pwd.getpwnam(UNPRIVILEGED_USER)
     except KeyError:
         subprocess.run(
-            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin"]
-            + [UNPRIVILEGED_USER],
+            [
+                "useradd",
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                UNPRIVILEGED_USER,
+            ],
             check=True,
             capture_output=True,
         )
@@ -71,8 +77,19 @@ class PostgresServer:
         os.chown(self.dir, self.uid, self.gid)
         os.chmod(self.dir, 0o755)
         self._run_as_user(
-            [f"{self.bin_dir}/initdb", "-D", self.data, "-U", SUPERUSER, "-A", "trust"]
-            + ["-E", "UTF8", "--locale=C", "--no-sync"]
+            [
+                f"{self.bin_dir}/initdb",
+                "-D",
+                self.data,
+                "-U",
+                SUPERUSER,
+                "-A",
+                "trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--no-sync",
+            ],
         )
         settings = {
             "listen_addresses": "'127.0.0.1'",
@@ -108,7 +125,8 @@ class PostgresServer:
             args, capture_output=True, user=self.uid, group=self.gid, extra_groups=[], cwd=self.dir
         )
         if result.returncode:
-            raise RuntimeError(f"{args[0]} failed:\n{result.stdout.decode()}{result.stderr.decode()}")
+            output = result.stdout.decode() + result.stderr.decode()
+            raise RuntimeError(f"{args[0]} failed:\n{output}")
 
     def _ready(self) -> bool:
         assert self.process is not None
