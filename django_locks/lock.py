@@ -107,7 +107,7 @@ class Lock:
         await self.arelease()
 
     def __repr__(self) -> str:
-        state = self._keeper.state
+        state: str = self._keeper.state
         if state == "held" and not self.held:
             state = "past its deadline"
         return f"<Lock {self.key!r} token={self.fencing_token} {state}>"
