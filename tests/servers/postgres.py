@@ -144,16 +144,22 @@ class PostgresServer:
     def connect(self, dbname: str = "postgres", *, port: int | None = None) -> Any:
         """A plain driver connection (autocommit) as the superuser, for the tests' own SQL
         (psycopg 3, or psycopg2 where psycopg 3 is not importable)."""
-        params = dict(host="127.0.0.1", port=port or self.port, user=SUPERUSER, dbname=dbname)
+        params: dict[str, Any] = {
+            "host": "127.0.0.1",
+            "port": port or self.port,
+            "user": SUPERUSER,
+            "dbname": dbname,
+            "connect_timeout": 5,
+        }
         try:
             import psycopg
         except ImportError:
-            import psycopg2
+            import psycopg2  # type: ignore[import-untyped]
 
-            conn = psycopg2.connect(connect_timeout=5, **params)
+            conn = psycopg2.connect(**params)
             conn.autocommit = True
             return conn
-        return psycopg.connect(autocommit=True, connect_timeout=5, **params)
+        return psycopg.connect(autocommit=True, **params)
 
     def database_settings(self, name: str = "django_locks") -> dict[str, object]:
         """A ``DATABASES`` entry for this cluster (its test database is ``test_<name>``)."""

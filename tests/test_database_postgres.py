@@ -1,0 +1,343 @@
+"""DatabaseStore on a real PostgreSQL: what only a server shows (tokens after a sequence reset,
+transactions, killed holders, fork, hung calls, test database teardown)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connections, transaction
+
+from django_locks.exceptions import StoreError, StoreTimeoutError
+from django_locks.models import Lease
+from django_locks.stores.database import SEQUENCE, DatabaseStore
+
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.django_db(transaction=True, databases=["default", "postgres"]),
+]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def store() -> Iterator[DatabaseStore]:
+    store = DatabaseStore("postgres")
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def sql(postgres_server: Any) -> Iterator[Any]:
+    """A plain connection of the test's own to the test database (autocommit)."""
+    conn = postgres_server.connect(connections["postgres"].settings_dict["NAME"])
+    yield conn
+    conn.close()
+
+
+def key() -> str:
+    return f"pg:{uuid.uuid4().hex[:10]}"
+
+
+def query(conn: Any, statement: str, *params: Any) -> Any:
+    cursor = conn.cursor()
+    cursor.execute(statement, params or None)
+    return cursor.fetchone() if cursor.description else None
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    settings_dict = connections["postgres"].settings_dict
+    alias = {name: settings_dict[name] for name in ("ENGINE", "NAME", "USER", "HOST", "PORT")}
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "DJANGO_LOCKS_TEST_POSTGRES": json.dumps(alias),
+        **extra,
+    }
+
+
+CHILD_PRELUDE = """
+import django, sys, time
+django.setup()
+from django_locks.stores.database import DatabaseStore
+"""
+
+
+def run_child(code: str) -> str:
+    """Run ``code`` in another process on the same test database; return its stdout."""
+    result = subprocess.run(
+        [sys.executable, "-c", CHILD_PRELUDE + textwrap.dedent(code)],
+        env=child_env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+def backend_pid(store: DatabaseStore) -> int:
+    """The server process of the calling thread's connection of ``store``."""
+    raw = store._pools.state.local.conn.raw
+    return int(raw.get_backend_pid() if hasattr(raw, "get_backend_pid") else raw.info.backend_pid)
+
+
+def test_tokens_keep_growing_after_the_sequence_is_reset(store, sql):
+    name, tokens = key(), []
+    for round_ in range(4):
+        owner = uuid.uuid4().hex
+        tokens.append(store.acquire(name, owner, 200))
+        # A restored backup or a failed-over server: the sequence starts again from 1.
+        query(sql, f"ALTER SEQUENCE {SEQUENCE} RESTART WITH 1")
+        if round_ % 2:
+            assert store.release(name, owner)
+        else:
+            deadline = time.monotonic() + 10
+            while store.renew(name, owner, 1):  # poll until expired on the database's clock
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+    tokens.append(store.acquire(name, uuid.uuid4().hex, 30_000))
+    assert tokens == sorted(set(tokens)), tokens
+    assert tokens[-1] > tokens[0]
+
+
+def test_a_lock_taken_inside_atomic_is_seen_by_another_process_and_survives_rollback(store):
+    name = key()
+
+    class Rollback(Exception):
+        pass
+
+    with pytest.raises(Rollback), transaction.atomic(using="postgres"):
+        Lease.objects.using("postgres").count()  # Django's transaction is really open
+        token = store.acquire(name, "inside-atomic", 60_000)
+        assert token is not None
+        seen = run_child(f"print(DatabaseStore('postgres').acquire({name!r}, 'other', 60_000))")
+        assert seen == "None", "another process must see the lock at once"
+        raise Rollback
+    assert run_child(f"print(DatabaseStore('postgres').acquire({name!r}, 'other', 60_000))") == (
+        "None"
+    )
+    assert store.renew(name, "inside-atomic", 60_000)
+    assert store.acquire(name, "inside-atomic", 60_000) == token
+
+
+def test_a_killed_holders_lease_is_taken_by_another_process_after_ttl(store, sql):
+    name, ttl_ms = key(), 2_000
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            CHILD_PRELUDE
+            + textwrap.dedent(f"""
+            from django_locks import Locks
+            lock = Locks(DatabaseStore("postgres"), ttl={ttl_ms / 1000}).acquire({name!r})
+            print(lock.fencing_token, flush=True)
+            time.sleep(600)
+            """),
+        ],
+        env=child_env(),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        first = int(holder.stdout.readline())
+        time.sleep(1.5)  # the holder renews in the background meanwhile
+        killed_at = query(sql, "SELECT clock_timestamp()")[0]
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(10)
+    finally:
+        holder.kill()
+    lapsed_at = query(sql, "SELECT expires_at FROM django_locks_lease WHERE key = %s", name)[0]
+    deadline = time.monotonic() + 15
+    second = None
+    while second is None:
+        assert time.monotonic() < deadline, "the killed holder's lease never lapsed"
+        second = store.acquire(name, "survivor", 30_000)
+        time.sleep(0.01)
+    taken_at = query(sql, "SELECT acquired_at FROM django_locks_lease WHERE key = %s", name)[0]
+    assert second > first
+    # On the database's clock: never before the lease lapsed, and at most ttl after the kill.
+    assert taken_at >= lapsed_at
+    took = (taken_at - killed_at).total_seconds()
+    assert took <= ttl_ms / 1000 + 0.5, took
+    print(f"taken {took:.3f}s after SIGKILL (ttl {ttl_ms / 1000}s, lapsed at {lapsed_at})")
+
+
+def test_a_forked_child_uses_connections_of_its_own_and_leaves_the_parents_alone(store, sql):
+    name = key()
+    assert store.acquire(name, "parent", 60_000) is not None
+    parent_backend = backend_pid(store)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: a fresh connection, then exit without closing anything
+        try:
+            token = store.acquire(name + ":child", "child", 60_000)
+            os.write(write, json.dumps([token, backend_pid(store)]).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    _, status = os.waitpid(pid, 0)
+    with os.fdopen(read) as fh:
+        child_token, child_backend = json.load(fh)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert child_token is not None
+    assert child_backend != parent_backend
+    # The parent's session was neither closed nor disturbed by the child.
+    assert store.renew(name, "parent", 60_000)
+    assert backend_pid(store) == parent_backend
+    alive = query(sql, "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", parent_backend)
+    assert alive[0] == 1
+
+
+def test_a_call_blocked_by_a_row_lock_times_out_and_is_cancelled_on_the_server(store, sql):
+    name = key()
+    assert store.acquire(name, "holder", 60_000) is not None
+    query(sql, "BEGIN")
+    query(sql, "SELECT 1 FROM django_locks_lease WHERE key = %s FOR UPDATE", name)
+    try:
+        started = time.monotonic()
+        with pytest.raises(StoreTimeoutError):
+            store.renew(name, "holder", 60_000, timeout=0.3)
+        assert time.monotonic() - started < 1.5
+        # The abandoned statement does not stay queued behind the row lock on the server.
+        deadline = time.monotonic() + 10
+        while query(sql, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")[0]:
+            assert time.monotonic() < deadline, "the abandoned statement was never cancelled"
+            time.sleep(0.05)
+    finally:
+        query(sql, "ROLLBACK")
+    assert store.renew(name, "holder", 60_000)
+
+
+def test_a_hung_server_process_times_out_the_call_without_help_from_the_server(store):
+    name = key()
+    assert store.acquire(name, "holder", 60_000) is not None
+    backend = backend_pid(store)
+    os.kill(backend, signal.SIGSTOP)  # it neither answers nor handles a cancel request
+    try:
+        started = time.monotonic()
+        with pytest.raises(StoreTimeoutError):
+            store.renew(name, "holder", 60_000, timeout=0.3)
+        assert time.monotonic() - started < 1.0
+    finally:
+        os.kill(backend, signal.SIGCONT)
+    assert store.renew(name, "holder", 60_000)  # on a new connection
+    assert backend_pid(store) != backend
+
+
+def test_connecting_to_a_hung_server_times_out(postgres_server):
+    store = DatabaseStore("postgres")
+    os.kill(postgres_server.postmaster_pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with pytest.raises(StoreTimeoutError):
+            store.acquire(key(), "owner", 60_000, timeout=0.5)
+        assert time.monotonic() - started < 1.5
+    finally:
+        os.kill(postgres_server.postmaster_pid, signal.SIGCONT)
+        store.close()
+
+
+def test_a_lost_connection_is_a_store_error_never_a_refusal(store, sql):
+    name = key()
+    assert store.acquire(name, "holder", 60_000) is not None
+    query(sql, "SELECT pg_terminate_backend(%s)", backend_pid(store))
+    with pytest.raises(StoreError) as caught:
+        store.renew(name, "holder", 60_000)
+    assert caught.value.__cause__ is not None
+    assert store.renew(name, "holder", 60_000)  # the next call reconnects
+
+
+def test_leases_are_listed_on_the_databases_clock(store):
+    name = key()
+    store.acquire(name, "owner", 60_000)
+    (info,) = [lease for lease in store.leases() if lease.key == name]
+    assert info.state == "held"
+    assert info.holder == f"{os.uname().nodename}:{os.getpid()}"
+    assert info.acquired_at is not None and info.acquired_at.tzinfo is not None
+    assert info.expires_in is not None and 55 < info.expires_in.total_seconds() <= 60
+
+
+def test_the_table_missing_is_a_warning_only_under_check_database(store, sql):
+    assert store.check() == []
+    assert store.check(databases=["postgres"]) == []
+    query(sql, "ALTER TABLE django_locks_lease RENAME TO django_locks_lease_away")
+    try:
+        assert store.check() == []  # no I/O without --database: migrate is never blocked
+        messages = store.check(databases=["postgres"])
+    finally:
+        query(sql, "ALTER TABLE django_locks_lease_away RENAME TO django_locks_lease")
+    assert [m.id for m in messages] == ["django_locks.W102"]
+    assert "migrate" in messages[0].hint
+
+
+RUNNER_TESTS = "tests.test_database_store.PostgresPooledContract"
+SELECTED = "Pooled or timeout or hung or fork or lost or expected"
+
+
+@pytest.mark.slow
+def test_django_test_runner_creates_and_destroys_the_test_database_cleanly(sql):
+    env = child_env(
+        DJANGO_LOCKS_TEST_POSTGRES=json.dumps(
+            {**json.loads(child_env()["DJANGO_LOCKS_TEST_POSTGRES"]), "NAME": "djl_runner"}
+        )
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "django", "test", "--noinput", RUNNER_TESTS],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "being accessed by other users" not in output
+    assert "Destroying test database for alias 'postgres'" in output
+    gone = query(sql, "SELECT count(*) FROM pg_database WHERE datname = 'test_djl_runner'")
+    assert gone[0] == 0, output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("driver", ["psycopg", "psycopg2"])
+def test_pytest_django_run_on_each_driver_drops_its_test_database_cleanly(driver):
+    block = "sys.modules['psycopg'] = None; " if driver == "psycopg2" else ""
+    code = (
+        f"import sys; {block}import pytest; sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider',"
+        " '-W', 'error::pytest.PytestWarning', 'tests/test_database_store.py',"
+        f" 'tests/test_database_postgres.py', '-k', {SELECTED!r}]))"
+    )
+    environ = {k: v for k, v in os.environ.items() if k != "DJANGO_LOCKS_TEST_POSTGRES"}
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**environ, "DJANGO_LOCKS_EXPECT_DRIVER": driver},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "Error when trying to teardown test databases" not in output
+    assert "being accessed by other users" not in output
+
+
+def test_connections_use_the_expected_database_driver(store):
+    expected = os.environ.get("DJANGO_LOCKS_EXPECT_DRIVER")
+    if expected is None:
+        pytest.skip("only checked in the per-driver runs")
+    store.acquire(key(), "owner", 1_000)
+    assert type(store._pools.state.local.conn.raw).__module__.split(".")[0] == expected
