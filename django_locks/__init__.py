@@ -18,11 +18,14 @@ __all__ = [
     "StoreTimeoutError",
     "current_lock",
     "locks",
+    "on_one_instance",
+    "without_overlapping",
 ]
 
 if TYPE_CHECKING:
     from django_locks.abort import AbortSignal
     from django_locks.context import current_lock
+    from django_locks.decorators import on_one_instance, without_overlapping
     from django_locks.exceptions import (
         LockLostError,
         LockNotAcquiredError,
@@ -48,6 +51,8 @@ _LAZY = {
     "Lock": "django_locks.lock",
     "Locks": "django_locks.service",
     "locks": "django_locks.service",
+    "on_one_instance": "django_locks.decorators",
+    "without_overlapping": "django_locks.decorators",
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 from django.apps import AppConfig
@@ -25,6 +26,11 @@ class DjangoLocksConfig(AppConfig):
         conf.refuse_in_memory_in_production(config, debug=settings.DEBUG)
         checks.register()
         setting_changed.connect(_on_setting_changed, dispatch_uid="django_locks.setting_changed")
+        if importlib.util.find_spec("celery") is not None:
+            # Beat-side enforcement of on_one_instance hooks in when a beat starts.
+            from django_locks.contrib import celery as celery_integration
+
+            celery_integration.install()
 
 
 def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:

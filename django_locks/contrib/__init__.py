@@ -1,0 +1,1 @@
+"""Integrations with optional dependencies, each imported only when its dependency is installed."""

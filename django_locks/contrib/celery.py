@@ -1,0 +1,380 @@
+"""Celery: ``on_one_instance`` enforced in celery beat, beat's headers, the whole-beat leader mode.
+
+Installed from ``DjangoLocksConfig.ready()`` when Celery is importable. When a beat starts
+(``beat_init``, sent by ``celery beat`` and by ``worker -B`` alike) its scheduler *instance* gets
+its ``apply_entry`` and ``close`` wrapped, whatever the scheduler class (Celery's default,
+django-celery-beat's ``DatabaseScheduler``, a custom one): nothing in the user's settings changes.
+
+* A due entry whose task is decorated with ``on_one_instance`` is published only while this beat
+  holds the task's owner lease ``<key>:owner``; it keeps the lease (renewed in the background) and
+  hands it back in ``close()``. While the lease is held, publishing costs no store call.
+* With ``LOCKS["CELERY_BEAT_LEADER"] = True`` every beat campaigns for one lease per Celery app and
+  only the leader publishes any entry; a beat that loses it stops publishing and campaigns again
+  at the next due entry.
+* Beat marks what it publishes with the headers ``django_locks_key``, ``django_locks_token``,
+  ``django_locks_scheduled`` and ``django_locks_beat``; the worker logs them, and warns when a
+  decorated task came from a beat that does not enforce ``on_one_instance``.
+
+Workers never take owner leases: ``without_overlapping`` is enforced by the decorator's wrapper
+around the run, wherever the task runs.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import datetime
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from celery import signals as celery_signals
+from celery._state import _get_active_apps, connect_on_app_finalize, get_current_task
+from celery.app.task import Task
+from celery.local import Proxy
+
+from django_locks import decorators, signals
+from django_locks.decorators import ELSEWHERE, OWNER_SUFFIX, JobSpec, job_spec
+from django_locks.exceptions import LocksError
+from django_locks.lock import Lock
+
+logger = logging.getLogger("django_locks")
+
+HEADER_KEY = "django_locks_key"
+"""The owner lease (or leader lease) under which beat published the message."""
+HEADER_TOKEN = "django_locks_token"
+"""That lease's fencing token."""
+HEADER_SCHEDULED = "django_locks_scheduled"
+"""When beat published the tick (ISO 8601, UTC)."""
+HEADER_BEAT = "django_locks_beat"
+"""The beat process that published it, ``host:pid``."""
+
+_publishing: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "django_locks_beat_headers", default=None
+)
+_install_mutex = threading.Lock()
+_installed = False
+
+
+def install() -> None:
+    """Connect the Celery signals (idempotent). Called from ``DjangoLocksConfig.ready()``."""
+    global _installed
+    with _install_mutex:
+        if _installed:
+            return
+        _installed = True
+    celery_signals.beat_init.connect(_on_beat_init, weak=False, dispatch_uid="django_locks.beat")
+    celery_signals.before_task_publish.connect(
+        _add_headers, weak=False, dispatch_uid="django_locks.headers"
+    )
+    celery_signals.task_prerun.connect(
+        _on_task_prerun, weak=False, dispatch_uid="django_locks.prerun"
+    )
+
+
+# Which task is running: the decorators ask, to let a worker just run an on_one_instance task.
+
+
+def _current_task_name(wrapper: Callable[..., Any]) -> str | None:
+    task = get_current_task()
+    if task is None:
+        return None
+    run = getattr(task, "run", None)
+    if getattr(run, "__func__", run) is wrapper:
+        return str(task.name)
+    return None
+
+
+decorators.set_task_name_hook(_current_task_name)
+
+
+def task_spec(task: Any) -> JobSpec | None:
+    """The :class:`JobSpec` of a Celery task's body, or None when it is not decorated."""
+    return job_spec(getattr(task, "run", None))
+
+
+# The decorators applied above @shared_task / @app.task: patch the task's body once it exists.
+
+_pending: list[tuple[Any, Callable[[Callable[..., Any]], Any]]] = []
+_patched: set[tuple[int, int]] = set()
+_finalize_hooked = False
+
+
+def is_task(target: object) -> bool:
+    """Whether ``target`` is a Celery task or a task proxy (without evaluating a proxy)."""
+    # type(), not isinstance(): isinstance() reads a proxy's __class__, which evaluates it.
+    return issubclass(type(target), (Task, Proxy))
+
+
+def decorate_task(target: Any, decorate: Callable[[Callable[..., Any]], Any]) -> Any:
+    """Apply ``decorate`` to the body of the task ``target`` stands for, as soon as the app is
+    finalized (at once if it is); return ``target`` unchanged, so ``.delay()`` keeps working."""
+    global _finalize_hooked
+    with _install_mutex:
+        _pending.append((target, decorate))
+        if not _finalize_hooked:
+            _finalize_hooked = True
+            connect_on_app_finalize(_on_app_finalize)
+    for app in list(_get_active_apps()):
+        if app.finalized:
+            _patch_pending(app)
+    return target
+
+
+def _on_app_finalize(app: Any) -> None:
+    app.on_after_finalize.connect(_after_finalize, weak=False)
+
+
+def _after_finalize(sender: Any, **kwargs: Any) -> None:
+    _patch_pending(sender)
+
+
+def _patch_pending(app: Any) -> None:
+    for target, decorate in list(_pending):
+        task = target if isinstance(target, Task) else target._get_current_object()
+        cls = type(task)
+        if (id(cls), id(decorate)) in _patched:
+            continue
+        raw = cls.__dict__.get("run")
+        if isinstance(raw, staticmethod):
+            cls.run = staticmethod(decorate(raw.__func__))
+        elif callable(raw):
+            cls.run = decorate(raw)
+        else:
+            logger.warning("Cannot decorate Celery task %r: its class has no run()", task.name)
+            continue
+        _patched.add((id(cls), id(decorate)))
+
+
+# Beat.
+
+
+def _on_beat_init(sender: Any, **kwargs: Any) -> None:
+    """``beat_init``: wrap the scheduler instance, report what beat cannot see."""
+    scheduler = sender.scheduler
+    if getattr(scheduler, "_django_locks_guard", None) is not None:
+        return
+    guard = BeatGuard(scheduler)
+    scheduler._django_locks_guard = guard
+    guard.report()
+    if guard.leader_mode:
+        guard.lead()
+
+
+class BeatGuard:
+    """The leases one beat holds, and the wrappers of its scheduler's ``apply_entry``/``close``."""
+
+    def __init__(self, scheduler: Any) -> None:
+        from django_locks import conf
+
+        self.scheduler = scheduler
+        self.app = scheduler.app
+        self.leader_mode = conf.get().celery_beat_leader
+        self.leader_key = f"celery-beat:{self.app.main or 'celery'}"
+        self.leader: Lock | None = None
+        self.owned: dict[str, Lock] = {}
+        self.mutex = threading.Lock()
+        self.holder = f"{socket.gethostname()}:{os.getpid()}"
+        self._apply_entry = scheduler.apply_entry
+        self._close = scheduler.close
+        scheduler.apply_entry = self.apply_entry
+        scheduler.close = self.close
+
+    @property
+    def locks(self) -> Any:
+        from django_locks.service import locks
+
+        return locks
+
+    def report(self) -> None:
+        """Log, at beat start, the entries beat enforces and those it cannot see."""
+        try:
+            entries = dict(self.scheduler.schedule)
+        except Exception:
+            logger.exception("django_locks could not read the beat schedule")
+            return
+        for name, entry in sorted(entries.items()):
+            task = self.app.tasks.get(entry.task)
+            if task is None:
+                if entry.task.startswith("celery."):
+                    continue
+                logger.warning(
+                    "Beat entry %r names task %r, which this beat process has not imported: "
+                    "django_locks cannot see whether it is decorated with on_one_instance, so "
+                    "every beat replica publishes it. Make beat import the task's module "
+                    "(app.autodiscover_tasks() or the imports setting).",
+                    name,
+                    entry.task,
+                )
+                continue
+            spec = task_spec(task)
+            if spec is not None and spec.once is not None:
+                logger.info(
+                    "Beat entry %r: task %r is published by the beat holding %r",
+                    name,
+                    entry.task,
+                    spec.owner_template(task.name) + OWNER_SUFFIX,
+                )
+        if self.leader_mode:
+            logger.info(
+                "CELERY_BEAT_LEADER: this beat (%s) publishes only while it leads %r",
+                self.holder,
+                self.leader_key,
+            )
+
+    def lead(self) -> bool:
+        """Whether this beat leads; campaign (one store call) when it does not."""
+        leader = self.leader
+        if leader is not None and leader.held:
+            return True
+        if leader is not None:
+            self.leader = None
+            logger.warning(
+                "This beat (%s) lost the lead of %r (fencing token %s): it stops publishing and "
+                "campaigns again",
+                self.holder,
+                self.leader_key,
+                leader.fencing_token,
+            )
+            signals.send(
+                signals.leadership_lost,
+                type(self.locks),
+                key=self.leader_key,
+                fencing_token=leader.fencing_token,
+                reason="lost",
+            )
+        lock = self.locks.acquire(self.leader_key)
+        if lock is None:
+            return False
+        self.leader = lock
+        logger.info(
+            "This beat (%s) leads %r: it publishes every entry (fencing token %s)",
+            self.holder,
+            self.leader_key,
+            lock.fencing_token,
+        )
+        signals.send(
+            signals.leadership_acquired,
+            type(self.locks),
+            key=self.leader_key,
+            fencing_token=lock.fencing_token,
+            lock=lock,
+        )
+        return True
+
+    def owner_lease(self, key: str, spec: JobSpec) -> Lock | None:
+        """This beat's owner lease on ``key``: kept (no store call) or taken, else None."""
+        lock = self.owned.get(key)
+        if lock is not None and lock.held:
+            return lock
+        assert spec.once is not None
+        ttl = None if spec.once.ttl_ms is None else spec.once.ttl_ms / 1000
+        lock = self.locks.acquire(key, ttl=ttl)
+        if not isinstance(lock, Lock):
+            return None
+        with self.mutex:
+            self.owned[key] = lock
+        logger.info(
+            "%s runs on this instance (lease %r, fencing token %s)",
+            spec.name if spec.once.key else key[: -len(OWNER_SUFFIX)],
+            key,
+            lock.fencing_token,
+        )
+        return lock
+
+    def apply_entry(self, entry: Any, producer: Any = None) -> Any:
+        """Publish ``entry`` only where it is this beat's to publish, with our headers."""
+        headers: dict[str, Any] = {}
+        try:
+            if self.leader_mode:
+                if not self.lead():
+                    logger.debug("Skipped %s: this beat is on standby", entry.task)
+                    return None
+                headers = {HEADER_KEY: self.leader_key, HEADER_TOKEN: self.leader_token()}
+            task = self.app.tasks.get(entry.task)
+            spec = task_spec(task) if task is not None else None
+            if spec is not None and spec.once is not None:
+                key = self.entry_key(task, spec, entry)
+                lock = self.owner_lease(key, spec)
+                if lock is None:
+                    decorators.skipped(entry.task, key, ELSEWHERE, level=logging.DEBUG)
+                    return None
+                headers = {HEADER_KEY: key, HEADER_TOKEN: lock.fencing_token}
+        except LocksError as exc:
+            # Never fail open: without an answer from the store this beat does not publish.
+            logger.error("Not publishing %s: the lock store failed (%s)", entry.task, exc)
+            return None
+        headers[HEADER_SCHEDULED] = datetime.datetime.now(datetime.UTC).isoformat()
+        headers[HEADER_BEAT] = self.holder
+        reset = _publishing.set(headers)
+        try:
+            return self._apply_entry(entry, producer=producer)
+        finally:
+            _publishing.reset(reset)
+
+    def leader_token(self) -> int | None:
+        leader = self.leader
+        return leader.fencing_token if leader is not None else None
+
+    def entry_key(self, task: Any, spec: JobSpec, entry: Any) -> str:
+        """The owner lease key of this entry (a template is formatted from its arguments)."""
+        args = tuple(entry.args or ())
+        if getattr(task.run, "__self__", None) is task:
+            args = (task, *args)
+        return spec.owner_key(args, dict(entry.kwargs or {}), task.name)
+
+    def close(self) -> Any:
+        """Hand every lease back, then close the scheduler."""
+        with self.mutex:
+            held = list(self.owned.values())
+            self.owned.clear()
+        leader, self.leader = self.leader, None
+        if leader is not None:
+            held.append(leader)
+        for lock in held:
+            try:
+                if lock.release():
+                    logger.info("This beat handed back %r", lock.key)
+            except LocksError as exc:
+                logger.warning("Handing back %r failed (%s); it lapses at its ttl", lock.key, exc)
+        return self._close()
+
+
+def _add_headers(headers: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    """``before_task_publish``: add beat's headers to the message being published."""
+    ours = _publishing.get()
+    if ours is not None and headers is not None:
+        headers.update(ours)
+
+
+# Worker.
+
+
+def _on_task_prerun(sender: Any = None, task: Any = None, **kwargs: Any) -> None:
+    """Log where a run came from; warn when a decorated task came from an unguarded beat."""
+    task = task or sender
+    if task is None:
+        return
+    request = getattr(task, "request", None)
+    key = getattr(request, HEADER_KEY, None)
+    if key is not None:
+        logger.debug(
+            "Running %s published by beat %s (lease %r, fencing token %s, scheduled %s)",
+            task.name,
+            getattr(request, HEADER_BEAT, "?"),
+            key,
+            getattr(request, HEADER_TOKEN, None),
+            getattr(request, HEADER_SCHEDULED, None),
+        )
+        return
+    if getattr(request, "celery_beat_task", False):
+        spec = task_spec(task)
+        if spec is not None and spec.once is not None:
+            logger.warning(
+                "%s is decorated with on_one_instance but was published by a celery beat that "
+                "does not enforce it (django_locks is not in that beat's INSTALLED_APPS, or it "
+                "runs an old version): every such beat publishes each tick",
+                task.name,
+            )
