@@ -36,6 +36,9 @@ T = TypeVar("T")
 CANCEL_TIMEOUT = 5.0
 """Seconds the cancel request of an abandoned call may take (it runs on a thread of its own)."""
 
+CANCEL_GRACE = 0.02
+"""Seconds the watchdog gives the cancel request before it shuts the connection's socket down."""
+
 
 class StoreConnection:
     """One driver connection of a store (or, for SQLite in memory, Django's own)."""
@@ -54,8 +57,7 @@ class StoreConnection:
         self.close_requested = False
         self.closed = False
         self._close_lock = threading.Lock()
-        self._call_over = False
-        self._cancel_over = False
+        self._unsettled = {"call", "cancel", "shutdown"}  # of an abandoned call
 
     def close(self) -> None:
         if self.closed:
@@ -73,38 +75,49 @@ class StoreConnection:
             if self.owned:
                 self.raw.interrupt()
             return
+        # First the cancel request, from a thread of its own (it is network I/O): the server
+        # stops the statement instead of leaving it queued behind a row lock. It must go out
+        # before the socket is shut down, since both drivers refuse to cancel on a connection
+        # they have seen fail. Then, after a short grace whether or not the cancel got through,
+        # the shutdown wakes the caller even when the server does not answer at all.
+        sent = threading.Event()
+        threading.Thread(
+            target=self._cancel, args=(sent,), name="django_locks-cancel", daemon=True
+        ).start()
+        sent.wait(CANCEL_GRACE)
         try:
             # A socket object of our own on a duplicate descriptor: shutdown() acts on the
-            # connection (waking the blocked caller), close() only on the duplicate.
+            # connection, close() only on the duplicate.
             with socket.socket(fileno=os.dup(self.fd)) as sock:
                 sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
-        threading.Thread(target=self._cancel, name="django_locks-cancel", daemon=True).start()
+        self._settled("shutdown")
 
-    def _cancel(self) -> None:
+    def _cancel(self, sent: threading.Event) -> None:
         try:
             if self.psycopg2:
                 self.raw.cancel()
             else:
                 self.raw.cancel_safe(timeout=CANCEL_TIMEOUT)
-        except Exception:
+        except Exception:  # best effort: the shutdown still ends the call
             pass
-        with self._close_lock:
-            self._cancel_over = True
-            close_now = self._call_over
-        if close_now:
-            self.close()
+        finally:
+            sent.set()
+        self._settled("cancel")
 
     def discard(self) -> None:
-        """Caller side: never use it again. An abandoned one is closed once its cancel is sent
-        (closing it earlier would free what the cancelling thread still reads)."""
+        """Caller side: never use it again. An abandoned one is closed only once its cancel was
+        sent and its socket shut down (closing earlier would free what they still use)."""
         if not self.fired or self.vendor == "sqlite":
             self.close()
-            return
+        else:
+            self._settled("call")
+
+    def _settled(self, party: str) -> None:
         with self._close_lock:
-            self._call_over = True
-            close_now = self._cancel_over
+            self._unsettled.discard(party)
+            close_now = not self._unsettled
         if close_now:
             self.close()
 
