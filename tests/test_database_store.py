@@ -46,4 +46,5 @@ class PgBouncerTransactionModeContract(LockStoreContract):
     concurrent_callers = 32
 
     def make_store(self) -> DatabaseStore:
-        return DatabaseStore("pgbouncer")
+        # LISTEN needs a session: notices go out through PgBouncer, waiters listen directly.
+        return DatabaseStore("pgbouncer", listen_using="postgres")

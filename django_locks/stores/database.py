@@ -19,6 +19,7 @@ from django_locks.durations import Duration, to_seconds
 from django_locks.exceptions import StoreError
 from django_locks.stores.base import LeaseInfo, LeaseState, LockStore
 from django_locks.stores.database_connections import Pools, register
+from django_locks.stores.database_listener import CHANNEL, Listener
 
 T = TypeVar("T")
 
@@ -65,9 +66,20 @@ _PG_FREE = f"""
 UPDATE {TABLE} AS lease
 SET released_at = clock_timestamp(), expires_at = least(lease.expires_at, clock_timestamp())
 WHERE {_PG_LIVE}"""
-PG_RELEASE = _PG_FREE + " AND lease.key = %s AND lease.owner = %s"
-PG_FORCE_RELEASE = _PG_FREE + " AND lease.key = %s"
-PG_CLEAR = _PG_FREE
+
+
+def _pg_notifying(update: str) -> str:
+    # The release and its notice are one statement: waiters hear of every release (delivered at
+    # commit), and the statement's row count is still the number of leases freed.
+    return (
+        f"WITH freed AS ({update} RETURNING lease.key) "
+        f"SELECT pg_notify('{CHANNEL}', freed.key) FROM freed"
+    )
+
+
+PG_RELEASE = _pg_notifying(_PG_FREE + " AND lease.key = %s AND lease.owner = %s")
+PG_FORCE_RELEASE = _pg_notifying(_PG_FREE + " AND lease.key = %s")
+PG_CLEAR = _pg_notifying(_PG_FREE)
 PG_LEASES = f"""
 SELECT lease.key, lease.owner, lease.holder, lease.fencing_token, lease.acquired_at,
     CASE WHEN lease.released_at IS NOT NULL THEN 'released'
@@ -132,10 +144,13 @@ class DatabaseStore(LockStore):
     """Leases in the ``Lease`` table of the database ``using``, on connections of the store's own.
 
     Options (``LOCKS["OPTIONS"]``): ``using``, the ``DATABASES`` alias (PostgreSQL, or SQLite
-    for one machine); ``timeout``, the default bound of one call (a duration, 5 s); and
+    for one machine); ``timeout``, the default bound of one call (a duration, 5 s);
     ``max_connections``, ``None`` for one connection per thread that uses the store, or a number
     of connections shared by the threads' acquire and release calls (renewals always keep a
-    connection per thread, so requests cannot starve the renewer).
+    connection per thread, so requests cannot starve the renewer); and ``listen_using``, where
+    waiters ``LISTEN`` for release notices on PostgreSQL: ``True`` (the ``using`` alias), the
+    alias of a direct connection when ``using`` goes through PgBouncer in transaction mode, or
+    ``False`` (waiters sleep through their backoff).
 
     Never the request's connection: a lock taken inside ``transaction.atomic()`` is committed at
     once and survives a rollback. Connects from the alias's current ``settings_dict`` (test
@@ -150,6 +165,7 @@ class DatabaseStore(LockStore):
         *,
         timeout: Duration = 5,
         max_connections: int | None = None,
+        listen_using: str | bool = True,
     ) -> None:
         if not isinstance(using, str) or not using:
             raise ImproperlyConfigured(
@@ -170,6 +186,15 @@ class DatabaseStore(LockStore):
                 f"connection per thread), got {max_connections!r}."
             )
         self.max_connections = max_connections
+        if listen_using is True:
+            listen_using = using
+        if listen_using is not False and (not isinstance(listen_using, str) or not listen_using):
+            raise ImproperlyConfigured(
+                "DatabaseStore's `listen_using` must be True (listen on `using`), an alias of "
+                f"DATABASES that reaches PostgreSQL directly, or False, got {listen_using!r}."
+            )
+        self.listen_using: str | None = listen_using or None
+        self._listener: Listener | None = None
         for message in _configuration_messages(using):
             raise ImproperlyConfigured(f"{message.msg} {message.hint}")
         self._pools = Pools(self)
@@ -243,6 +268,15 @@ class DatabaseStore(LockStore):
     def force_release(self, key: str) -> bool:
         return self._update(PG_FORCE_RELEASE, SQLITE_FORCE_RELEASE, (key,), None) == 1
 
+    def wait_for_release(self, key: str, timeout: float) -> bool:
+        """PostgreSQL only, with ``listen_using`` set: woken by the ``NOTIFY`` of a release."""
+        if self.listen_using is None or connections[self.using].vendor != "postgresql":
+            raise NotImplementedError
+        listener = self._listener
+        if listener is None or listener.pid != os.getpid():
+            listener = self._listener = Listener(self.listen_using, self.timeout)
+        return listener.wait(key, timeout)
+
     def _update(
         self, pg_sql: str, sqlite_sql: str, params: tuple[Any, ...], timeout: float | None
     ) -> int:
@@ -260,6 +294,9 @@ class DatabaseStore(LockStore):
 
     def close(self) -> None:
         self._pools.close()
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
 
     def check(self, *, databases: Iterable[str] | None = None, deploy: bool = False) -> list[Any]:
         messages = _configuration_messages(self.using)
