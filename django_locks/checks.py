@@ -14,7 +14,7 @@ from django_locks import conf
 
 def register() -> None:
     checks.register(check_settings, "django_locks")
-    checks.register(check_store, "django_locks", "database")
+    checks.register(check_store, "django_locks")
     checks.register(check_production, "django_locks", deploy=True)
     checks.register(check_store_deploy, "django_locks", deploy=True)
 
@@ -22,9 +22,13 @@ def register() -> None:
 def check_settings(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
-    """E001: ``LOCKS`` is not valid."""
+    """E001: ``LOCKS`` is not valid (or the store's own ids for options it refuses)."""
     try:
-        conf.build_store(conf.read())
+        config = conf.read()
+        messages = config.backend.check_options(config.options)
+        if messages:
+            return list(messages)
+        conf.build_store(config)
     except ImproperlyConfigured as exc:
         return [
             checks.Error(
@@ -63,7 +67,8 @@ def check_store(
     databases: Iterable[str] | None = None,
     **kwargs: Any,
 ) -> list[checks.CheckMessage]:
-    """The configured store's own checks; its I/O ones only under ``check --database``."""
+    """The configured store's own checks: without I/O always, the I/O ones only for the
+    ``databases`` Django names (``check --database``, the test runner's databases)."""
     return _store_messages(databases=databases, deploy=False)
 
 

@@ -109,3 +109,13 @@ def test_settings_are_read_once_and_reset_on_change() -> None:
         assert conf.get().ttl_ms == 60_000
     assert conf.get().ttl_ms == 30_000
     assert isinstance(conf.build_store(conf.get()), InMemoryStore)
+
+
+def test_the_stores_own_check_ids_show_through_manage_py_check(capsys) -> None:
+    db = "django_locks.stores.DatabaseStore"
+    with override_settings(LOCKS={"BACKEND": db, "OPTIONS": {"using": "nope"}}):
+        with pytest.raises(SystemCheckError, match="django_locks.E101"):
+            call_command("check")
+    with override_settings(DEBUG=False, LOCKS={"BACKEND": db}):
+        call_command("check")  # a warning only
+    assert "django_locks.W101" in capsys.readouterr().err

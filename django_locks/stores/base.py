@@ -114,6 +114,12 @@ class LockStore:
     def close(self) -> None:
         """Close the connections this process opened (the next call reconnects)."""
 
+    @classmethod
+    def check_options(cls, options: dict[str, Any]) -> list[Any]:
+        """System-check messages, with the store's own ids, about ``options`` that keep the store
+        from being built (no I/O). Shown instead of the generic ``django_locks.E001``."""
+        return []
+
     def check(self, *, databases: Iterable[str] | None = None, deploy: bool = False) -> list[Any]:
         """System-check messages about this store's configuration (``django.core.checks``).
 

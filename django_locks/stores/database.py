@@ -298,6 +298,11 @@ class DatabaseStore(LockStore):
         if listener is not None:
             listener.close()
 
+    @classmethod
+    def check_options(cls, options: dict[str, Any]) -> list[Any]:
+        using = options.get("using", DEFAULT_DB_ALIAS)
+        return _configuration_messages(using) if isinstance(using, str) else []
+
     def check(self, *, databases: Iterable[str] | None = None, deploy: bool = False) -> list[Any]:
         messages = _configuration_messages(self.using)
         if messages:
