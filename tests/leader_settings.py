@@ -1,0 +1,17 @@
+"""Settings of the ``run_leader`` processes test_run_leader.py starts: the suite's settings with
+the store given in DJANGO_LOCKS_TEST_LOCKS (JSON)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from tests.settings import *  # noqa: F403
+
+LOCKS = json.loads(os.environ["DJANGO_LOCKS_TEST_LOCKS"])
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"django_locks": {"handlers": ["console"], "level": "WARNING"}},
+}
