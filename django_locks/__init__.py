@@ -17,6 +17,7 @@ __all__ = [
     "StoreError",
     "StoreTimeoutError",
     "current_lock",
+    "leader_election",
     "locks",
     "on_one_instance",
     "without_overlapping",
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
         StoreError,
         StoreTimeoutError,
     )
+    from django_locks.leader import leader_election
     from django_locks.lock import Lock
     from django_locks.service import Locks, locks
 
@@ -48,6 +50,7 @@ _LAZY = {
     "StoreTimeoutError": "django_locks.exceptions",
     "LocksError": "django_locks.exceptions",
     "StoreError": "django_locks.exceptions",
+    "leader_election": "django_locks.leader",
     "Lock": "django_locks.lock",
     "Locks": "django_locks.service",
     "locks": "django_locks.service",

@@ -7,9 +7,8 @@ import time
 
 from django.db.models import F
 
-from django_locks import Lock
+from django_locks import Lock, leader_election
 from django_locks.fencing import fenced_update
-from django_locks.leader import leader_election
 from tests.testapp.models import LeaderWrite, StockCount
 
 KEY = "tests:fenced-writer"
