@@ -21,8 +21,8 @@ test: $(VENV)/.installed servers
 	$(PY) -m pytest
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check django_locks tests testproject docs/conf.py
+	$(VENV)/bin/ruff format --check django_locks tests testproject docs/conf.py
 	$(VENV)/bin/mypy django_locks tests testproject
 
 docs: $(VENV)/.installed

@@ -62,16 +62,16 @@ class FaultyStore(LockStore):
             raise StoreError(f"{name}: store unreachable (injected)")
         return getattr(self.inner, name)(*args, **kwargs)
 
-    def acquire(self, key, owner, ttl_ms, *, timeout=None):  # type: ignore[no-untyped-def]
+    def acquire(self, key, owner, ttl_ms, *, timeout=None):
         return self._call("acquire", key, owner, ttl_ms)
 
-    def renew(self, key, owner, ttl_ms, *, timeout=None):  # type: ignore[no-untyped-def]
+    def renew(self, key, owner, ttl_ms, *, timeout=None):
         return self._call("renew", key, owner, ttl_ms)
 
-    def release(self, key, owner, *, timeout=None):  # type: ignore[no-untyped-def]
+    def release(self, key, owner, *, timeout=None):
         return self._call("release", key, owner)
 
-    def leases(self, *, include_inactive=False):  # type: ignore[no-untyped-def]
+    def leases(self, *, include_inactive=False):
         return self.inner.leases(include_inactive=include_inactive)
 
     def clear(self) -> None:

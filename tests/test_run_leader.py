@@ -132,7 +132,7 @@ def test_three_processes_one_leader_and_sigterm_hands_over_at_once(fleet) -> Non
     leader = current_leader()
     terminated = time.monotonic()
     os.kill(leader, signal.SIGTERM)
-    eventually(lambda: writes_by_others_after(leader, terminated), timeout=9, what="takeover")
+    eventually(lambda: bool(writes_by_others_after(leader, terminated)), timeout=9, what="takeover")
     handover = writes_by_others_after(leader, terminated)[0].started - terminated
     print(f"SIGTERM handover with a 30 s ttl: {handover:.3f}s")
     assert handover < 3.0, f"{handover:.3f}s: the followers waited for their next campaign"
@@ -153,7 +153,9 @@ def test_sigkill_the_leader_another_leads_within_ttl_and_a_third(fleet) -> None:
     leader = current_leader()
     killed = time.monotonic()
     os.kill(leader, signal.SIGKILL)
-    eventually(lambda: writes_by_others_after(leader, killed), timeout=ttl * 5, what="takeover")
+    eventually(
+        lambda: bool(writes_by_others_after(leader, killed)), timeout=ttl * 5, what="takeover"
+    )
     takeover = writes_by_others_after(leader, killed)[0].started - killed
     print(f"SIGKILL takeover with a {ttl:g}s ttl: {takeover:.3f}s (bound {ttl * 4 / 3:.2f}s)")
     assert takeover < ttl * 4 / 3 + 1.0  # ttl + ttl/3, with a margin for process scheduling
@@ -167,7 +169,9 @@ def test_sigstop_past_the_ttl_the_old_leader_learns_it_lost_by_deadline(fleet) -
     leader = current_leader()
     stopped = time.monotonic()
     os.kill(leader, signal.SIGSTOP)
-    eventually(lambda: writes_by_others_after(leader, stopped), timeout=ttl * 5, what="takeover")
+    eventually(
+        lambda: bool(writes_by_others_after(leader, stopped)), timeout=ttl * 5, what="takeover"
+    )
     time.sleep(ttl)  # well past its ttl
     resumed = time.monotonic()
     os.kill(leader, signal.SIGCONT)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 
@@ -14,8 +15,12 @@ from django_locks.testing import ManualClock, reset_locks
 def test_advance_fires_what_falls_due_in_order_each_at_its_instant() -> None:
     clock = ManualClock()
     fired: list[tuple[str, float]] = []
+
+    def record(name: str) -> None:
+        fired.append((name, clock.monotonic()))
+
     for name, when in [("c", 3.0), ("a", 1.0), ("late", 10.0), ("b", 2.0)]:
-        clock.call_at(when, lambda name=name: fired.append((name, clock.monotonic())))
+        clock.call_at(when, functools.partial(record, name))
     cancelled = clock.call_at(1.5, lambda: fired.append(("cancelled", clock.monotonic())))
     cancelled.cancel()
     clock.advance("5s")
@@ -47,7 +52,12 @@ def test_resume_after_fires_overdue_timers_late() -> None:
 def test_sleep_waits_for_another_thread_to_advance() -> None:
     clock = ManualClock()
     woke = threading.Event()
-    sleeper = threading.Thread(target=lambda: (clock.sleep(5), woke.set()))
+
+    def sleep() -> None:
+        clock.sleep(5)
+        woke.set()
+
+    sleeper = threading.Thread(target=sleep)
     sleeper.start()
     time.sleep(0.1)
     assert not woke.is_set()

@@ -87,9 +87,9 @@ def test_a_negative_or_unparsable_wait_is_refused(service, store, wait) -> None:
 
 def test_other_bad_arguments(service, store) -> None:
     with pytest.raises(TypeError, match="`signal` must be an AbortSignal"):
-        service.acquire("k", signal="stop")  # type: ignore[arg-type]
+        service.acquire("k", signal="stop")
     with pytest.raises(TypeError, match="`fn` must be callable"):
-        service.with_lock("k", 42)  # type: ignore[arg-type]
+        service.with_lock("k", 42)
     with pytest.raises(TypeError, match="`store` must be a LockStore"):
         Locks(object())  # type: ignore[arg-type]
     assert store.leases(include_inactive=True) == []
