@@ -28,6 +28,7 @@ import inspect
 import logging
 import sys
 import threading
+import types
 from collections.abc import Callable
 from typing import Any, TypeVar, cast, overload
 
@@ -214,14 +215,17 @@ def _check_key_argument(key: object, *, suffix: str = "") -> None:
 
 
 def _decorate(target: Any, *, once: OnceSpec | None = None, run: RunSpec | None = None) -> Any:
-    spec = getattr(target, ATTRIBUTE, None)
+    # Only functions are inspected: reading an attribute of a Celery task proxy would evaluate
+    # it (and finalize the Celery app) at import time.
+    is_function = issubclass(type(target), types.FunctionType)
+    spec = getattr(target, ATTRIBUTE, None) if is_function else None
     if isinstance(spec, JobSpec):
         # The other decorator is already applied: rebuild ONE wrapper around the original.
         if (once and spec.once) or (run and spec.run):
             which = "on_one_instance" if once else "without_overlapping"
             raise TypeError(f"@{which} is applied twice to {spec.name}")
         spec = dataclasses.replace(spec, once=once or spec.once, run=run or spec.run)
-    elif inspect.isfunction(target):
+    elif is_function:
         spec = _new_spec(target, once, run)
     else:
         # A Celery task object or proxy (the decorator is above @shared_task / @app.task).

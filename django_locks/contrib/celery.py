@@ -133,7 +133,7 @@ def _after_finalize(sender: Any, **kwargs: Any) -> None:
 
 def _patch_pending(app: Any) -> None:
     for target, decorate in list(_pending):
-        task = target if isinstance(target, Task) else target._get_current_object()
+        task = target if issubclass(type(target), Task) else target._get_current_object()
         cls = type(task)
         if (id(cls), id(decorate)) in _patched:
             continue
@@ -210,6 +210,9 @@ class BeatGuard:
                 )
                 continue
             spec = task_spec(task)
+            if spec is not None and spec.default_key != task.name:
+                # Its default key is the task's name: claim it (refusing another job's).
+                spec.claim(default=task.name)
             if spec is not None and spec.once is not None:
                 logger.info(
                     "Beat entry %r: task %r is published by the beat holding %r",

@@ -1,0 +1,184 @@
+"""Real worker, beat and manage.py processes on one SQLite file and one Redis, for the tests.
+
+Every process runs in its own session, so teardown kills it with its children (a prefork worker's
+pool) by process group. Logs go to files the fixture prints on failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+SETTINGS = "tests.celeryapp.settings"
+
+
+def base_env(**values: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DL_", "PYTEST_"))}
+    env.update(DJANGO_SETTINGS_MODULE=SETTINGS, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    env.update(values)
+    return env
+
+
+def migrate(db: Path) -> None:
+    """Create every table (the test app by syncdb) in the SQLite file ``db``."""
+    env = base_env(DL_DB=str(db), DL_BEAT_APP="1")
+    args = [sys.executable, "-m", "django", "migrate", "--run-syncdb", "-v", "0"]
+    subprocess.run(args, env=env, cwd=ROOT, check=True, timeout=120)
+
+
+class Processes:
+    """A group of test processes sharing one database, broker, store and runs file."""
+
+    def __init__(
+        self,
+        tmp: Path,
+        template_db: Path,
+        broker: str,
+        *,
+        locks: dict[str, Any] | None = None,
+        schedule: dict[str, Any] | None = None,
+        scheduler: str | None = None,
+    ) -> None:
+        self.tmp = tmp
+        self.db = tmp / "db.sqlite3"
+        shutil.copy(template_db, self.db)
+        self.runs_file = tmp / "runs.jsonl"
+        self.runs_file.touch()
+        self.env = base_env(
+            DL_DB=str(self.db),
+            DL_BROKER=broker,
+            DL_LOCKS=json.dumps(locks or {}),
+            DL_SCHEDULE=json.dumps(schedule or {}),
+            DL_RUNS=str(self.runs_file),
+            DL_BEAT_APP="1",
+        )
+        if scheduler:
+            self.env["DL_SCHEDULER"] = scheduler
+        self.started: list[tuple[str, subprocess.Popen[bytes], Path]] = []
+
+    def spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+        log = self.tmp / f"{name}.log"
+        with open(log, "ab") as fh:
+            process = subprocess.Popen(
+                args,
+                env=self.env,
+                cwd=ROOT,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.started.append((name, process, log))
+        return process
+
+    def worker(self, name: str, concurrency: int = 2) -> subprocess.Popen[bytes]:
+        return self.spawn(
+            name,
+            [
+                *celery_cmd(),
+                "worker",
+                "-l",
+                "INFO",
+                "-c",
+                str(concurrency),
+                "-P",
+                "prefork",
+                "-n",
+                f"{name}@%h",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+            ],
+        )
+
+    def beat(self, name: str) -> subprocess.Popen[bytes]:
+        args = [*celery_cmd(), "beat", "-l", "DEBUG", "--max-interval", "1"]
+        args += [
+            "-s",
+            str(self.tmp / f"{name}-schedule"),
+            "--pidfile",
+            str(self.tmp / f"{name}.pid"),
+        ]
+        return self.spawn(name, args)
+
+    def manage(self, *args: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "django", *args],
+            env=self.env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+
+    def runs(self, task: str | None = None) -> list[dict[str, Any]]:
+        lines = self.runs_file.read_text(encoding="utf-8").splitlines()
+        runs = [json.loads(line) for line in lines if line.strip()]
+        return [run for run in runs if task is None or run["task"] == task]
+
+    def log(self, name: str) -> str:
+        for started, _, log in self.started:
+            if started == name:
+                return log.read_text(encoding="utf-8", errors="replace")
+        raise KeyError(name)
+
+    def pid_of_beat(self, holder: str) -> str:
+        """The name of the beat whose process is ``holder`` ("host:pid")."""
+        pid = int(holder.rsplit(":", 1)[1])
+        for name, process, _ in self.started:
+            if process.pid == pid:
+                return name
+        raise KeyError(holder)
+
+    def process(self, name: str) -> subprocess.Popen[bytes]:
+        for started, process, _ in self.started:
+            if started == name:
+                return process
+        raise KeyError(name)
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        process = self.process(name)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, sig)
+        if sig == signal.SIGKILL:
+            process.wait(timeout=10)
+
+    def sql(self, query: str, *params: Any) -> list[tuple[Any, ...]]:
+        with sqlite3.connect(self.db, timeout=20) as conn:
+            return list(conn.execute(query, params))
+
+    def destroy(self) -> str:
+        """Kill every process (and its children); return their logs."""
+        for _, process, _ in self.started:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+        dumps = []
+        for name, process, log in self.started:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=10)
+            text = log.read_text(encoding="utf-8", errors="replace") if log.exists() else ""
+            dumps.append(f"--- {name} ({log}) ---\n" + "\n".join(text.splitlines()[-80:]))
+        return "\n".join(dumps)
+
+
+def celery_cmd() -> list[str]:
+    return [sys.executable, "-m", "celery", "-A", "tests.celeryapp.app"]
+
+
+def wait_for(predicate: Any, *, timeout: float, what: str, every: float = 0.05) -> float:
+    """Poll until ``predicate()`` is true; the seconds it took; AssertionError after timeout."""
+    start = time.monotonic()
+    while True:
+        if predicate():
+            return time.monotonic() - start
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"not true after {timeout}s: {what}")
+        time.sleep(every)
