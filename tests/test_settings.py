@@ -111,6 +111,7 @@ def test_settings_are_read_once_and_reset_on_change() -> None:
     assert isinstance(conf.build_store(conf.get()), InMemoryStore)
 
 
+@pytest.mark.django_db  # newer Django versions run database checks under a plain `check`
 def test_the_stores_own_check_ids_show_through_manage_py_check(capsys) -> None:
     db = "django_locks.stores.DatabaseStore"
     with override_settings(LOCKS={"BACKEND": db, "OPTIONS": {"using": "nope"}}):
