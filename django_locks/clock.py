@@ -141,6 +141,7 @@ class _Background:
     """The one background renewal mechanism of this process (see the module docstring)."""
 
     def __init__(self) -> None:
+        _warn_if_threads_cannot_run()
         self.timers = _TimerThread()
         self.pool = ThreadPoolExecutor(
             max_workers=SystemClock._POOL_SIZE, thread_name_prefix="django_locks-renewer"
@@ -175,6 +176,22 @@ def _forget_background_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_background_in_child)
+
+
+def _warn_if_threads_cannot_run() -> None:
+    """uWSGI runs no Python thread but the request's unless told to: then nothing renews locks
+    (they lapse at their ttl, and their deadlines never fire). Say so loudly, once."""
+    try:
+        import uwsgi  # type: ignore[import-not-found]
+    except ImportError:
+        return
+    options = getattr(uwsgi, "opt", {})
+    if not (options.get("enable-threads") or options.get("threads")):
+        logger.error(
+            "uWSGI runs without --enable-threads: django_locks cannot renew locks in the "
+            "background, so every lock lapses at its ttl while still in use. Start uWSGI with "
+            "--enable-threads (or --threads N)."
+        )
 
 
 def _logged(task: Task) -> None:
