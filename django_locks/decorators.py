@@ -530,15 +530,8 @@ def _hold_and_leave(lock: Lock, remaining_ms: int) -> None:
     store's expiry to the end of ``min_hold``, so the lease outlives the process without anybody
     renewing it.
     """
-    keeper = lock._keeper
-    lock._finalizer.detach()
-    with keeper._mutex:
-        if keeper.state != "held":
-            return
-        keeper._cancel_timers()
-        keeper.detach("its run ended; the lease lapses at the end of min_hold")
     try:
-        keeper.store.renew(lock.key, lock.owner, remaining_ms)
+        lock.leave_for(remaining_ms / 1000)
     except StoreError as exc:
         logger.warning("Keeping %r for min_hold failed (%s); it lapses at its ttl", lock.key, exc)
 

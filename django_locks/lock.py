@@ -10,6 +10,7 @@ from types import TracebackType
 from django.db import connections
 
 from django_locks.abort import AbortSignal
+from django_locks.durations import Duration, to_milliseconds
 from django_locks.renewal import Keeper
 
 logger = logging.getLogger("django_locks")
@@ -79,6 +80,17 @@ class Lock:
                 self.key,
             )
         return self._keeper.release()
+
+    def leave_for(self, duration: Duration) -> bool:
+        """Stop renewing, and leave the lease in the store for ``duration`` more (one renewal
+        on the store's clock), after which it lapses without anybody renewing it.
+
+        For a short-lived process that must keep others out for a while after it exits (a
+        management command's ``min_hold``). Returns ``True`` when the store confirmed the lease
+        was still ours; raises ``StoreError`` when the store cannot be reached.
+        """
+        self._finalizer.detach()
+        return self._keeper.leave(to_milliseconds(duration, name="duration"))
 
     async def arelease(self) -> bool:
         """:meth:`release` without blocking the event loop."""

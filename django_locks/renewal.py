@@ -208,6 +208,19 @@ class Keeper:
             self.clock.notify(lambda: self._run_callbacks(callbacks))
         return self.store.release(self.key, self.owner)
 
+    def leave(self, ttl_ms: int) -> bool:
+        """Stop renewing and leave the lease to lapse ``ttl_ms`` from now (one renewal).
+        ``True`` if the store confirmed it was still ours."""
+        with self._mutex:
+            if self.state != "held":
+                return False
+            self.state = "released"
+            self._cancel_timers()
+            callbacks = self.signal._set(LockReleasedError(self.key, self.fencing_token))
+        if callbacks:
+            self.clock.notify(lambda: self._run_callbacks(callbacks))
+        return self.store.renew(self.key, self.owner, ttl_ms)
+
     def abandon(self) -> None:
         """The ``Lock`` was garbage-collected while held: stop renewing, let it lapse at ttl."""
         with self._mutex:

@@ -257,3 +257,19 @@ def test_after_fork_the_child_does_not_hold_the_parents_locks_and_renews_its_own
     assert parent_lock.held
     assert service.acquire("parent") is None
     assert parent_lock.release()
+
+
+def test_leave_for_stops_renewing_and_leaves_the_lease_for_that_long(
+    service: Locks, store: FaultyStore, clock: ManualClock
+) -> None:
+    lock = service.acquire("k")
+    assert lock is not None
+    assert lock.leave_for("5s") is True
+    assert not lock.held and lock.signal.aborted
+    renewals = store.calls.count("renew")
+    clock.advance(4.999)
+    assert service.acquire("k") is None  # still in the store
+    clock.advance(0.001)
+    assert store.calls.count("renew") == renewals  # nobody renewed it
+    assert service.acquire("k") is not None
+    assert lock.leave_for("5s") is False and lock.release() is False
