@@ -72,7 +72,7 @@ class AbortSignal:
         except TimeoutError:
             pass
         finally:
-            self._remove_callback(wake)
+            self.remove_callback(wake)
         return self.aborted
 
     def add_callback(self, fn: Callback) -> None:
@@ -102,7 +102,8 @@ class AbortSignal:
             callbacks, self._callbacks = self._callbacks, []
         return callbacks
 
-    def _remove_callback(self, fn: Callback) -> None:
+    def remove_callback(self, fn: Callback) -> None:
+        """Forget a callback added with :meth:`add_callback` (nothing happens if it is not there)."""
         with self._mutex, contextlib.suppress(ValueError):
             self._callbacks.remove(fn)
 

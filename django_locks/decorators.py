@@ -378,7 +378,7 @@ def _link(owner: Lock | None, run: Lock) -> Callable[[], None]:
         run.signal.abort(signal.reason)
 
     owner.signal.add_callback(propagate)
-    return lambda: owner.signal._remove_callback(propagate)
+    return lambda: owner.signal.remove_callback(propagate)
 
 
 def _release(lock: Lock, failing: bool) -> None:
