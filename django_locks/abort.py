@@ -103,7 +103,7 @@ class AbortSignal:
         return callbacks
 
     def remove_callback(self, fn: Callback) -> None:
-        """Forget a callback added with :meth:`add_callback` (nothing happens if it is not there)."""
+        """Forget a callback added with :meth:`add_callback` (if it is there)."""
         with self._mutex, contextlib.suppress(ValueError):
             self._callbacks.remove(fn)
 
