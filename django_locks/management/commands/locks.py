@@ -1,0 +1,212 @@
+"""``manage.py locks list|release|prune``: see and operate the configured store's leases."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, TextIO
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connections, transaction
+
+from django_locks.durations import to_milliseconds
+from django_locks.exceptions import LocksError
+from django_locks.service import locks
+from django_locks.stores.base import LeaseInfo, LockStore
+from django_locks.stores.database import SEQUENCE, TABLE, DatabaseStore
+
+PRUNE_BATCH = 1000
+"""Rows deleted per transaction by ``prune``: each batch blocks the store's writes briefly."""
+
+# Pruning deletes rows whose key then starts over from the token source alone (the sequence on
+# PostgreSQL, the counter table on SQLite), without the row's own token as a floor. So each batch
+# first raises the source to the batch's highest token, while holding a lock that keeps every
+# acquire out until the rows are gone: an acquire that drew its token before the raise and then
+# inserted the pruned key would otherwise hand out an old token (after a sequence reset, the rows
+# are ahead of the sequence). SHARE ROW EXCLUSIVE conflicts with the ROW EXCLUSIVE lock an
+# INSERT / UPDATE takes before it evaluates anything.
+_PG_STALE = "expires_at < clock_timestamp() - %s * interval '1 millisecond'"
+PG_PRUNE_LOCK = f"LOCK TABLE {TABLE} IN SHARE ROW EXCLUSIVE MODE"
+PG_PRUNE_BATCH = f"SELECT key, fencing_token FROM {TABLE} WHERE {_PG_STALE} LIMIT %s"
+PG_PRUNE_FLOOR = f"""
+SELECT setval('{SEQUENCE}', greatest((SELECT last_value FROM {SEQUENCE}), %s))
+"""
+PG_PRUNE_DELETE = f"DELETE FROM {TABLE} WHERE key = ANY(%s) AND {_PG_STALE}"
+# SQLite: the counter already holds the highest token ever handed out (the store raises it on
+# every acquire); raising it again costs nothing and keeps the rule local. The first write of
+# the transaction takes the database's write lock, which keeps the store's writers out.
+_SQLITE_STALE = "julianday(expires_at) < julianday('now', %s)"
+SQLITE_PRUNE_FLOOR = f"""
+UPDATE {SEQUENCE} SET value = max(value, coalesce(
+    (SELECT max(fencing_token) FROM {TABLE} WHERE {_SQLITE_STALE}), 0)) WHERE id = 1
+"""
+SQLITE_PRUNE_DELETE = f"DELETE FROM {TABLE} WHERE {_SQLITE_STALE}"
+
+
+class Command(BaseCommand):
+    help = (
+        "See and operate the configured lock store's leases: `list` them, `release` one held "
+        "by a process that is gone for good, `prune` long-released rows of the database store."
+    )
+    stealth_options = ("stdin",)
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        commands = parser.add_subparsers(dest="subcommand", metavar="{list,release,prune}")
+        commands.required = True
+        listing = commands.add_parser("list", help="List held leases, held first then by key.")
+        listing.add_argument(
+            "--all", action="store_true", help="Also expired and released leases (if kept)."
+        )
+        listing.add_argument("--json", action="store_true", help="Print a JSON list.")
+        release = commands.add_parser(
+            "release", help="Free KEY whoever holds it (it keeps its token)."
+        )
+        release.add_argument("key", metavar="KEY")
+        release.add_argument("--yes", action="store_true", help="Do not ask for confirmation.")
+        prune = commands.add_parser(
+            "prune",
+            help="Delete database-store rows released or expired more than DURATION ago.",
+        )
+        prune.add_argument(
+            "--older-than", required=True, metavar="DURATION", help='For example "30d".'
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        stdin: TextIO = options.get("stdin") or sys.stdin
+        store = locks.store
+        try:
+            if options["subcommand"] == "list":
+                self.list(store, include_inactive=options["all"], as_json=options["json"])
+            elif options["subcommand"] == "release":
+                self.release(store, options["key"], confirmed=options["yes"], stdin=stdin)
+            else:
+                self.prune(store, options["older_than"])
+        except LocksError as exc:
+            raise CommandError(f"The lock store {store!r} failed: {exc}") from exc
+
+    def list(self, store: LockStore, *, include_inactive: bool, as_json: bool) -> None:
+        leases = _leases(store, include_inactive)
+        if as_json:
+            self.stdout.write(json.dumps([_as_json(lease) for lease in leases], indent=2))
+            return
+        if not leases:
+            self.stderr.write(f"No {'' if include_inactive else 'held '}lease in {store!r}.")
+            return
+        rows = [("KEY", "STATE", "HOLDER", "TOKEN", "ACQUIRED AT", "EXPIRES IN")]
+        rows += [
+            (
+                lease.key,
+                lease.state,
+                lease.holder or "-",
+                str(lease.fencing_token),
+                lease.acquired_at.isoformat(timespec="seconds") if lease.acquired_at else "-",
+                _expiry(lease),
+            )
+            for lease in leases
+        ]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        for row in rows:
+            self.stdout.write(
+                "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+            )
+        if not leases:
+            self.stderr.write(f"No {'' if include_inactive else 'held '}lease in {store!r}.")
+
+    def release(self, store: LockStore, key: str, *, confirmed: bool, stdin: TextIO) -> None:
+        try:
+            held = {lease.key: lease for lease in store.leases()}.get(key)
+        except NotImplementedError:
+            held = None
+        what = repr(key)
+        if held is not None:
+            what += f" (held by {held.holder or '?'}, fencing token {held.fencing_token})"
+        if not confirmed:
+            self.stdout.write(
+                f"Release {what}? Its holder is told at its next renewal that the lock was "
+                "lost; until then it may still be working. [y/N] ",
+                ending="",
+            )
+            self.stdout.flush()
+            answer = stdin.readline()
+            if answer.strip().lower() not in {"y", "yes"}:
+                raise CommandError("Not released." if answer else "Not released (no answer).")
+        if not store.force_release(key):
+            raise CommandError(f"No live lease on {key!r}: nothing was released.")
+        self.stdout.write(f"Released {what}; the key keeps its fencing token.")
+
+    def prune(self, store: LockStore, older_than: str) -> None:
+        try:
+            ms = to_milliseconds(older_than, name="--older-than")
+        except (TypeError, ValueError) as exc:
+            raise CommandError(str(exc)) from exc
+        if not isinstance(store, DatabaseStore):
+            self.stdout.write(
+                f"Nothing to prune in {store!r}: only the database store keeps the rows of "
+                "released and expired leases."
+            )
+            return
+        try:
+            count = prune_database_store(store, ms)
+        except Exception as exc:
+            if isinstance(exc, LocksError):
+                raise
+            raise CommandError(f"Pruning {store!r} failed: {exc}") from exc
+        self.stdout.write(
+            f"Pruned {count} lease{'' if count == 1 else 's'} released or expired more than "
+            f"{older_than} ago from {store!r}; every key's next token stays greater."
+        )
+
+
+def prune_database_store(store: DatabaseStore, older_than_ms: int) -> int:
+    """Delete the rows of ``store`` whose lease ended more than ``older_than_ms`` ago, on the
+    database's clock, without letting any key's fencing token go back. Returns the count.
+
+    Runs on Django's connection of the store's alias (``using``), whatever the routers say.
+    """
+    connection = connections[store.using]
+    if connection.vendor == "sqlite":
+        offset = f"-{older_than_ms / 1000:.3f} seconds"
+        with transaction.atomic(using=store.using), connection.cursor() as cursor:
+            cursor.execute(SQLITE_PRUNE_FLOOR, [offset])
+            cursor.execute(SQLITE_PRUNE_DELETE, [offset])
+            return int(cursor.rowcount)
+    total = 0
+    while True:
+        with transaction.atomic(using=store.using), connection.cursor() as cursor:
+            cursor.execute(PG_PRUNE_LOCK)
+            cursor.execute(PG_PRUNE_BATCH, [older_than_ms, PRUNE_BATCH])
+            batch = cursor.fetchall()
+            if not batch:
+                return total
+            cursor.execute(PG_PRUNE_FLOOR, [max(int(token) for _, token in batch)])
+            cursor.execute(PG_PRUNE_DELETE, [[key for key, _ in batch], older_than_ms])
+            deleted = int(cursor.rowcount)
+            total += deleted
+        if deleted == 0 or len(batch) < PRUNE_BATCH:
+            return total
+
+
+def _leases(store: LockStore, include_inactive: bool) -> list[LeaseInfo]:
+    try:
+        return store.leases(include_inactive=include_inactive)
+    except NotImplementedError:
+        raise CommandError(f"The lock store {store!r} cannot list its leases.") from None
+
+
+def _as_json(lease: LeaseInfo) -> dict[str, Any]:
+    return {
+        "key": lease.key,
+        "state": lease.state,
+        "owner": lease.owner,
+        "holder": lease.holder,
+        "fencing_token": lease.fencing_token,
+        "acquired_at": lease.acquired_at.isoformat() if lease.acquired_at else None,
+        "expires_in": lease.expires_in.total_seconds() if lease.expires_in is not None else None,
+    }
+
+
+def _expiry(lease: LeaseInfo) -> str:
+    if lease.state == "released" or lease.expires_in is None:
+        return "-"
+    seconds = lease.expires_in.total_seconds()
+    return f"{seconds:.1f}s" if seconds >= 0 else f"expired {-seconds:.1f}s ago"
