@@ -104,3 +104,51 @@ def pgbouncer_server(django_db_setup: None) -> Iterator[Any]:
 
     yield postgres.SERVERS[postgres.PGBOUNCER_ALIAS]
     postgres.stop_pgbouncer()
+
+
+# A real browser for the admin: Debian's Chromium (scripts/install-servers installs it), driven
+# by Playwright's Python API. Playwright's own browser downloads are never used.
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture
+def chromium(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """A Playwright browser context of Debian's Chromium, with a fresh profile in a temporary
+    directory; missing Chromium or Playwright skips locally and fails under CI=true."""
+    import os
+    import tempfile
+
+    from tests.servers import missing
+
+    if not os.access(CHROMIUM, os.X_OK):
+        missing(f"{CHROMIUM} is missing (scripts/install-servers installs Debian's chromium)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        missing("playwright is not installed (pip install -r requirements-dev.txt)")
+    # Playwright's sync API runs an event loop in this thread, which makes Django refuse the
+    # test's own ORM calls; the live server answers in a thread of its own.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    with (
+        tempfile.TemporaryDirectory(prefix="django_locks-chromium-") as profile,
+        sync_playwright() as playwright,
+    ):
+        context = playwright.chromium.launch_persistent_context(
+            profile,
+            executable_path=CHROMIUM,
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1440, "height": 900},
+        )
+        context.set_default_timeout(15_000)
+        yield context
+        context.close()
