@@ -18,7 +18,12 @@ from django_locks.stores.base import LockStore
 from django_locks.stores.database import SEQUENCE, TABLE
 from tests.helpers import eventually
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
+pytestmark = pytest.mark.django_db(transaction=True)
+# The database store on PostgreSQL: the `postgres` alias exists only when such tests are selected.
+ON_POSTGRES = [
+    pytest.mark.postgres,
+    pytest.mark.django_db(transaction=True, databases=["default", "postgres"]),
+]
 
 
 def run(*args: str, stdin: str | None = None) -> str:
@@ -67,7 +72,7 @@ def redis_store(settings: Any, redis_server: Any) -> Iterator[LockStore]:
 
 @pytest.fixture(
     params=[
-        pytest.param("pg_store", marks=pytest.mark.postgres),
+        pytest.param("pg_store", marks=ON_POSTGRES),
         pytest.param("redis_store", marks=pytest.mark.redis),
     ]
 )
@@ -225,11 +230,13 @@ def prune_scenario(store: LockStore, alias: str) -> None:
 
 
 @pytest.mark.postgres
+@pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
 def test_prune_on_postgres_never_lets_a_token_go_back(pg_store):
     prune_scenario(pg_store, "postgres")
 
 
 @pytest.mark.postgres
+@pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
 def test_prune_after_a_sequence_reset_keeps_the_rows_floor(pg_store):
     """A sequence restored from a backup is behind the rows' tokens; a pruned row's token
     must still not come back (prune raises the sequence to it before deleting)."""
