@@ -117,6 +117,16 @@ def test_search_by_key_and_filter_by_state(viewer, leases):
     assert viewer.get(URL, {"q": "nothing-like-it"}).content.decode().count("No lease matches") == 1
 
 
+def test_pages_of_leases(viewer, leases, monkeypatch):
+    from django_locks.admin import LeaseAdmin
+
+    monkeypatch.setattr(LeaseAdmin, "list_per_page", 3)
+    first = viewer.get(URL).content.decode()
+    assert len(listed_keys(first)) == 3
+    assert '<a href="?p=2">2</a>' in first and "4 leases" in first
+    assert listed_keys(viewer.get(URL, {"p": "2"}).content.decode()) == ["cache:warmup"]
+
+
 def test_read_only_no_add_change_or_delete(viewer, leases):
     index = viewer.get(reverse("admin:index")).content.decode()
     assert URL in index
@@ -183,6 +193,9 @@ def test_release_action_confirms_then_releases_and_logs(releaser, leases):
     assert entry.user.username == "releaser"
     follow = releaser.get(done["Location"]).content.decode()
     assert "Released 1 lease" in follow
+    # The index's "Recent actions" shows it (without a link: there is no change page).
+    index = releaser.get(reverse("admin:index"))
+    assert index.status_code == 200 and "inventory:feed" in index.content.decode()
     # The key keeps its token: the next holder's is greater.
     token = locks.store.acquire("inventory:feed", "o9", 60_000)
     assert token is not None and token > leases["inventory:feed"]
