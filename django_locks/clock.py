@@ -15,6 +15,7 @@ import itertools
 import logging
 import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -181,9 +182,8 @@ os.register_at_fork(after_in_child=_forget_background_in_child)
 def _warn_if_threads_cannot_run() -> None:
     """uWSGI runs no Python thread but the request's unless told to: then nothing renews locks
     (they lapse at their ttl, and their deadlines never fire). Say so loudly, once."""
-    try:
-        import uwsgi  # type: ignore[import-not-found]
-    except ImportError:
+    uwsgi = sys.modules.get("uwsgi")  # uWSGI's embedded module, present in its workers only
+    if uwsgi is None:
         return
     options = getattr(uwsgi, "opt", {})
     if not (options.get("enable-threads") or options.get("threads")):
