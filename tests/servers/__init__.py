@@ -49,7 +49,7 @@ def wait_until(predicate: Callable[[], bool], *, timeout: float, what: str) -> N
         try:
             if predicate():
                 return
-        except Exception:  # noqa: BLE001 - a server still starting refuses in many ways
+        except Exception:  # a server still starting refuses in many ways
             pass
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what} not ready after {timeout:g}s")
