@@ -31,6 +31,7 @@ class Lock:
     def __init__(self, keeper: Keeper) -> None:
         self._keeper = keeper
         self._finalizer = weakref.finalize(self, keeper.abandon)
+        self._finalizer.atexit = False  # at exit every lease lapses anyway: no warning then
 
     @property
     def key(self) -> str:

@@ -65,9 +65,15 @@ class Keeper:
         self._mutex = threading.RLock()
         self._renew_timer: TimerHandle | None = None
         self._deadline_timer: TimerHandle | None = None
+        self._renew_at = 0.0  # when the next renewal falls due
+        self._due = False  # its renewal fell due and has not been sent yet
+        self._in_flight = False  # a renewal of it is being sent
         _keepers.add(self)
+        self._batch = _batch_for(store, clock)
         with self._mutex:
             self._confirmed(sent)
+        if self._batch is not None:
+            self._batch.add(self)
 
     @property
     def held(self) -> bool:
@@ -76,9 +82,19 @@ class Keeper:
     def _confirmed(self, sent: float) -> None:
         """The store confirmed the acquire or renewal sent at ``sent``: move the deadline."""
         self.deadline = sent + self.ttl * (1 - DRIFT) - MARGIN
+        self._due = False
         self._cancel_timers()
         self._deadline_timer = self.clock.call_at(self.deadline, self._on_deadline)
-        self._renew_timer = self.clock.call_at(sent + self.ttl / 3, self._on_renew_due)
+        self._schedule_renewal(sent + self.ttl / 3)
+
+    def _schedule_renewal(self, when: float) -> None:
+        self._renew_at = when
+        self._renew_timer = self.clock.call_at(when, self._on_renew_due)
+
+    def _cancel_renewal(self) -> None:
+        if self._renew_timer is not None:
+            self._renew_timer.cancel()
+            self._renew_timer = None
 
     def _cancel_timers(self) -> None:
         for timer in (self._renew_timer, self._deadline_timer):
@@ -104,11 +120,27 @@ class Keeper:
                 announce = self._lose("deadline")
             else:
                 self._renew_timer = None
+                self._due = True
                 announce = None
         if announce is not None:
             announce()
+        elif self._batch is not None:
+            self._batch.due()
         else:
+            self._in_flight = True
+            self._due = False
             self.clock.spawn(lambda: self._renew(now))
+
+    def _wants_renewal(self, now: float) -> bool:
+        """Whether a batch renewing at ``now`` should take this lock along: its renewal fell
+        due, or falls due within the next sixth of its ttl (renewing early costs nothing and
+        brings the locks of a process into step, so the next batch renews them all at once)."""
+        return (
+            self.state == "held"
+            and not self._in_flight
+            and (self._due or self._renew_at - now <= self.ttl / 6)
+            and now < self.deadline
+        )
 
     def _renew(self, sent: float) -> None:
         error: Exception | None = None
@@ -119,8 +151,13 @@ class Keeper:
             )
         except Exception as exc:  # any failure is retried until the deadline, never a refusal
             error = exc
+        self._answered(sent, renewed, error)
+
+    def _answered(self, sent: float, renewed: bool, error: Exception | None) -> None:
+        """The store answered the renewal sent at ``sent`` (or failed with ``error``)."""
         announce: Callable[[], None] | None = None
         with self._mutex:
+            self._in_flight = False
             if self.state != "held":
                 if renewed and self.state == "lost":
                     self.clock.spawn(self._release_quietly)
@@ -140,7 +177,8 @@ class Keeper:
                     retry_in,
                     self.deadline - now,
                 )
-                self._renew_timer = self.clock.call_at(now + retry_in, self._on_renew_due)
+                self._cancel_renewal()
+                self._schedule_renewal(now + retry_in)
             elif not renewed:
                 announce = self._lose("renewal")
             else:
@@ -256,6 +294,90 @@ class Keeper:
         self.signal._set(AbortedError(f"lock {self.key!r} is not held here: {reason}"))
 
 
+class RenewalBatch:
+    """Renews the locks one process holds on one store together, in ONE store call
+    (``renew_many``) per round, instead of one call per lock.
+
+    A round starts when some lock's renewal falls due; it takes along every lock whose renewal
+    falls due soon (see ``Keeper._wants_renewal``). While a round's call is out, locks falling
+    due wait for the next round, which starts as soon as the call returns.
+    """
+
+    def __init__(self, store: LockStore, clock: Clock) -> None:
+        self.store = store
+        self.clock = clock
+        self._mutex = threading.Lock()
+        self._keepers: weakref.WeakSet[Keeper] = weakref.WeakSet()
+        self._running = False
+        self._again = False
+
+    def add(self, keeper: Keeper) -> None:
+        with self._mutex:
+            self._keepers.add(keeper)
+
+    def due(self) -> None:
+        with self._mutex:
+            if self._running:
+                self._again = True
+                return
+            self._running = True
+        self.clock.spawn(self._run)
+
+    def _run(self) -> None:
+        try:
+            while True:
+                now = self.clock.monotonic()
+                with self._mutex:
+                    self._again = False
+                    batch = [keeper for keeper in self._keepers if keeper._wants_renewal(now)]
+                    for keeper in batch:
+                        keeper._in_flight = True
+                        keeper._due = False
+                    for keeper in [k for k in self._keepers if k.state != "held"]:
+                        self._keepers.discard(keeper)
+                if batch:
+                    self._renew(batch, now)
+                with self._mutex:
+                    if not self._again:
+                        self._running = False
+                        return
+        except BaseException:
+            with self._mutex:
+                self._running = False
+            raise
+
+    def _renew(self, batch: list[Keeper], sent: float) -> None:
+        timeout = max(min(keeper.deadline for keeper in batch) - sent, 0.001)
+        leases = [(keeper.key, keeper.owner, keeper.ttl_ms) for keeper in batch]
+        try:
+            results = self.store.renew_many(leases, timeout=timeout)
+        except Exception as exc:  # retried by each lock until its deadline, never a refusal
+            for keeper in batch:
+                keeper._answered(sent, False, exc)
+            return
+        for keeper, renewed in zip(batch, results, strict=True):
+            keeper._answered(sent, renewed, None)
+
+
+_batches: weakref.WeakKeyDictionary[LockStore, dict[int, RenewalBatch]] = (
+    weakref.WeakKeyDictionary()
+)
+_batches_mutex = threading.Lock()
+
+
+def _batch_for(store: LockStore, clock: Clock) -> RenewalBatch | None:
+    """The batch of ``store`` and ``clock`` in this process, or None when the store renews one
+    lock per call only."""
+    if type(store).renew_many is LockStore.renew_many:
+        return None
+    with _batches_mutex:
+        per_clock = _batches.setdefault(store, {})
+        batch = per_clock.get(id(clock))
+        if batch is None or batch.clock is not clock:
+            batch = per_clock[id(clock)] = RenewalBatch(store, clock)
+        return batch
+
+
 def held_keepers() -> list[Keeper]:
     """Every lock this process is keeping, for the testing reset helper."""
     return [keeper for keeper in list(_keepers) if keeper.state == "held"]
@@ -264,6 +386,9 @@ def held_keepers() -> list[Keeper]:
 def _detach_inherited_locks() -> None:
     # A forked child shares the parent's owner ids: renewing or releasing them here would act on
     # the parent's leases. The child simply does not hold them.
+    global _batches, _batches_mutex
+    _batches = weakref.WeakKeyDictionary()
+    _batches_mutex = threading.Lock()
     for keeper in list(_keepers):
         keeper.detach("it was inherited across fork() and stays the parent's", after_fork=True)
 

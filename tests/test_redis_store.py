@@ -417,3 +417,18 @@ def test_a_release_hands_over_to_a_waiter_at_once(redis_server):
     waiter.join(timeout=10)
     assert woken and woken[0] - released < 0.1, woken
     assert store.acquire("k", _owner(), 30_000) is not None
+
+
+@pytest.mark.redis
+def test_renew_many_survives_a_script_flush_with_one_script_call_per_lease(redis_server):
+    store = RedisStore(url=redis_server.url, prefix=f"t{uuid.uuid4().hex[:8]}", max_connections=1)
+    owner = _owner()
+    for i in range(50):
+        store.acquire(f"k{i}", owner, 60_000)
+    redis_server.script_flush()
+    with redis_server.client() as client:
+        calls_before = client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+    assert store.renew_many([(f"k{i}", owner, 60_000) for i in range(50)]) == [True] * 50
+    with redis_server.client() as client:
+        calls = client.info("commandstats")["cmdstat_evalsha"]["calls"] - calls_before
+    assert calls == 50  # one script call per lease, all in the one pipeline, none failed

@@ -273,3 +273,70 @@ def test_leave_for_stops_renewing_and_leaves_the_lease_for_that_long(
     assert store.calls.count("renew") == renewals  # nobody renewed it
     assert service.acquire("k") is not None
     assert lock.leave_for("5s") is False and lock.release() is False
+
+
+class CountingStore(InMemoryStore):
+    """The in-memory store, counting its round trips."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.round_trips: list[tuple[str, int]] = []
+
+    def renew(self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None) -> bool:
+        self.round_trips.append(("renew", 1))
+        return super().renew(key, owner, ttl_ms)
+
+    def renew_many(self, leases, *, timeout=None):
+        self.round_trips.append(("renew_many", len(leases)))
+        return [InMemoryStore.renew(self, *lease) for lease in leases]
+
+
+def test_a_thousand_locks_are_renewed_in_one_round_trip_per_period() -> None:
+    clock = ManualClock()
+    store = CountingStore(clock=clock)
+    service = Locks(store, ttl=TTL, clock=clock)
+    held = []
+    for i in range(1000):
+        held.append(service.acquire(f"k{i}"))
+        clock.advance(0.003)  # taken over 3 seconds: renewals fall due at 1000 instants
+    store.round_trips.clear()
+    clock.advance(TTL * 10)
+    periods = 10 * 3
+    assert all(kind == "renew_many" for kind, _ in store.round_trips)
+    assert len(store.round_trips) <= 2 * periods, len(store.round_trips)
+    assert sum(n for _, n in store.round_trips) >= 1000 * periods
+    assert all(lock is not None and lock.held for lock in held)
+
+
+def test_batched_renewal_in_real_time_from_many_threads() -> None:
+    store = CountingStore()
+    service = Locks(store, ttl=0.6)
+    locks_held: list[Any] = []
+    threads = [
+        threading.Thread(target=lambda i=i: locks_held.append(service.acquire(f"k{i}")))
+        for i in range(200)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    store.round_trips.clear()
+    time.sleep(1.8)  # nine renewal periods of 0.2 s
+    assert all(lock.held for lock in locks_held)
+    assert len(store.round_trips) <= 2 * 9 + 2, store.round_trips
+    for lock in locks_held:
+        assert lock.release()
+
+
+def test_a_refusal_in_a_batch_loses_only_that_lock(store: FaultyStore) -> None:
+    clock = ManualClock()
+    counting = CountingStore(clock=clock)
+    service = Locks(counting, ttl=TTL, clock=clock)
+    kept, stolen = service.acquire("kept"), service.acquire("stolen")
+    assert kept is not None and stolen is not None
+    counting.force_release("stolen")
+    with recording(lock_lost) as lost:
+        clock.advance(TTL / 3)
+    assert [event["key"] for event in lost] == ["stolen"]
+    assert lost[0]["detected_by"] == "renewal"
+    assert kept.held and not stolen.held

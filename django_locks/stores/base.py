@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
 LeaseState = Literal["held", "expired", "released"]
@@ -97,6 +97,17 @@ class LockStore:
 
     def force_release(self, key: str) -> bool:
         """Operator action: free whoever holds ``key`` (keeping its token). ``True`` if one did."""
+        raise NotImplementedError
+
+    def renew_many(
+        self, leases: Sequence[tuple[str, str, int]], *, timeout: float | None = None
+    ) -> list[bool]:
+        """Renew many leases in one round trip: ``leases`` are ``(key, owner, ttl_ms)``, the
+        result one ``renew()`` answer per lease, in order. Each lease is checked and renewed
+        atomically on its own, exactly as ``renew()`` does; a failure of the call raises
+        ``StoreError`` for all of them. The renewal mechanism uses it, when a store offers it,
+        to renew every lock a process holds in one call per renewal period.
+        """
         raise NotImplementedError
 
     def wait_for_release(self, key: str, timeout: float) -> bool:

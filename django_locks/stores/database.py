@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
 from django.conf import settings
@@ -61,6 +61,14 @@ RETURNING lease.fencing_token
 PG_RENEW = f"""
 UPDATE {TABLE} AS lease SET expires_at = {_PG_EXPIRY}
 WHERE lease.key = %s AND lease.owner = %s AND {_PG_LIVE}
+"""
+# Every lock a process holds on this database, renewed in one statement: each row is checked
+# and moved exactly as PG_RENEW does, and the rows renewed come back.
+PG_RENEW_MANY = f"""
+UPDATE {TABLE} AS lease SET expires_at = clock_timestamp() + batch.ttl * interval '1 millisecond'
+FROM unnest(%s::text[], %s::text[], %s::bigint[]) AS batch (key, owner, ttl)
+WHERE lease.key = batch.key AND lease.owner = batch.owner AND {_PG_LIVE}
+RETURNING lease.key, lease.owner
 """
 _PG_FREE = f"""
 UPDATE {TABLE} AS lease
@@ -233,6 +241,28 @@ class DatabaseStore(LockStore):
             return bool(cursor.rowcount == 1)
 
         return self._pools.run(pg, sqlite, timeout, renewal=True)
+
+    def renew_many(
+        self, leases: Sequence[tuple[str, str, int]], *, timeout: float | None = None
+    ) -> list[bool]:
+        if not leases:
+            return []
+
+        def pg(cursor: Any) -> set[tuple[str, str]]:
+            keys, owners, ttls = (list(column) for column in zip(*leases, strict=True))
+            cursor.execute(PG_RENEW_MANY, (keys, owners, ttls))
+            return {(key, owner) for key, owner in cursor.fetchall()}
+
+        def sqlite(cursor: Any) -> set[tuple[str, str]]:
+            renewed = set()
+            for key, owner, ttl_ms in leases:  # one transaction (BEGIN IMMEDIATE): one step
+                cursor.execute(SQLITE_RENEW, (_sqlite_offset(ttl_ms), key, owner))
+                if cursor.rowcount == 1:
+                    renewed.add((key, owner))
+            return renewed
+
+        renewed = self._pools.run(pg, sqlite, timeout, renewal=True)
+        return [(key, owner) in renewed for key, owner, _ in leases]
 
     def release(self, key: str, owner: str, *, timeout: float | None = None) -> bool:
         return self._update(PG_RELEASE, SQLITE_RELEASE, (key, owner), timeout) == 1

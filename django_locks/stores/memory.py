@@ -8,6 +8,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Sequence
 
 from django_locks.clock import Clock
 from django_locks.stores.base import LeaseInfo, LockStore
@@ -78,6 +79,11 @@ class InMemoryStore(LockStore):
                 return False
             lease.expires_at = now + ttl_ms / 1000
             return True
+
+    def renew_many(
+        self, leases: Sequence[tuple[str, str, int]], *, timeout: float | None = None
+    ) -> list[bool]:
+        return [self.renew(key, owner, ttl_ms) for key, owner, ttl_ms in leases]
 
     def release(self, key: str, owner: str, *, timeout: float | None = None) -> bool:
         with self._mutex:

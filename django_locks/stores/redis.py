@@ -9,7 +9,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from django.conf import settings
@@ -275,6 +275,34 @@ class RedisStore(LockStore):
     def renew(self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None) -> bool:
         return bool(self._eval("renew", key, (owner, ttl_ms), timeout) == 1)
 
+    def renew_many(
+        self, leases: Sequence[tuple[str, str, int]], *, timeout: float | None = None
+    ) -> list[bool]:
+        """One pipeline per server: the renew script once per lease (each one atomic), after a
+        ``SCRIPT LOAD`` in the same round trip, so that a flushed script cannot fail the batch."""
+        deadline = self._deadline(timeout)
+        by_node: dict[tuple[str, int] | None, list[int]] = {}
+        for index, (key, _, _) in enumerate(leases):
+            by_node.setdefault(self._node_for(self._keys(key)[0], deadline), []).append(index)
+        results = [False] * len(leases)
+        sha = _SCRIPTS["renew"][1]
+        for node, indexes in by_node.items():
+            commands: list[tuple[Any, ...]] = [("SCRIPT", "LOAD", RENEW_SCRIPT)]
+            for index in indexes:
+                key, owner, ttl_ms = leases[index]
+                commands.append(("EVALSHA", sha, 2, *self._keys(key), owner, ttl_ms))
+            replies = self._pipeline(node, commands, deadline)
+            for index, reply in zip(indexes, replies[1:], strict=True):
+                if isinstance(reply, redis.exceptions.AskError):
+                    # The key's slot moved (Cluster): this one goes on its own, redirected.
+                    key, owner, ttl_ms = leases[index]
+                    results[index] = self.renew(key, owner, ttl_ms, timeout=_remaining(deadline))
+                elif isinstance(reply, BaseException):
+                    raise _translate(reply, "renewing leases")
+                else:
+                    results[index] = reply == 1
+        return results
+
     def release(self, key: str, owner: str, *, timeout: float | None = None) -> bool:
         lease, fence = self._keys(key)
         command = ("EVALSHA", _SCRIPTS["release"][1], 3, lease, fence, self._wakeup_key(key), owner)
@@ -533,6 +561,37 @@ class RedisStore(LockStore):
             raise
         connections.put(conn)
         return reply
+
+    def _pipeline(
+        self, node: tuple[str, int] | None, commands: list[tuple[Any, ...]], deadline: float
+    ) -> list[Any]:
+        """Send ``commands`` in one write and read their replies (an error reply comes back as
+        its exception, in place): one round trip."""
+        if deadline <= time.monotonic():
+            raise StoreTimeoutError("The Redis call's timeout had passed before it was sent.")
+        connections = self._pool(node, "ops")
+        conn, reused = connections.get(deadline)
+        replies: list[Any] = []
+        try:
+            self._ready(conn, reused, deadline)
+            conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+            for _ in commands:
+                try:
+                    if _READ_TAKES_TIMEOUT:
+                        replies.append(conn.read_response(timeout=_remaining(deadline)))
+                    else:
+                        replies.append(conn.read_response())
+                except redis.exceptions.ResponseError as exc:
+                    replies.append(exc)
+        except BaseException as exc:
+            connections.discard(conn)
+            if isinstance(exc, redis.exceptions.RedisError | OSError):
+                if node is not None:
+                    self._state().refresh = True
+                raise _translate(exc, "running a pipeline") from exc
+            raise
+        connections.put(conn)
+        return replies
 
     def _ready(self, conn: Any, reused: bool, deadline: float) -> None:
         # A pooled connection the server has closed (a restart, a client timeout) reads as EOF

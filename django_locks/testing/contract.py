@@ -411,3 +411,34 @@ class LockStoreContract(TransactionTestCase):
         notified = self.optional(lambda: self.store.wait_for_release(self.key(), 0.3))
         self.assertFalse(notified)
         self.assertGreaterEqual(time.monotonic() - started, 0.25)
+
+    def test_renew_many_renews_each_owned_live_lease_and_nothing_else(self) -> None:
+        mine, other, gone = _owner(), _owner(), _owner()
+        self.store.acquire(self.key("mine"), mine, self.short_ttl_ms)
+        self.store.acquire(self.key("other"), other, 60_000)
+        self.store.acquire(self.key("gone"), gone, self.short_ttl_ms)
+        self.wait_until_expired(self.key("gone"), gone)
+        leases = [
+            (self.key("mine"), mine, 60_000),
+            (self.key("other"), mine, 60_000),  # another owner's lease
+            (self.key("gone"), gone, 60_000),  # expired: never revived
+            (self.key("never"), mine, 60_000),
+        ]
+        results = self.optional(lambda: self.store.renew_many(leases))
+        self.assertEqual(results, [True, False, False, False])
+        self.assertEqual(self.store.renew_many([]), [])
+        time.sleep(self.short_ttl_ms / 1000 * 2)  # "mine" outlives its first ttl
+        self.assertIsNone(self.store.acquire(self.key("mine"), _owner(), 60_000))
+        self.assertIsNotNone(self.store.acquire(self.key("gone"), _owner(), 60_000))
+
+    def test_renew_many_of_a_thousand_leases(self) -> None:
+        owner = _owner()
+        keys = [self.key(f"many:{i}") for i in range(1000)]
+        for key in keys:
+            self.store.acquire(key, owner, 60_000)
+        self.store.release(keys[7], owner)
+        results = self.optional(
+            lambda: self.store.renew_many([(key, owner, 60_000) for key in keys])
+        )
+        self.assertEqual(results.count(True), 999)
+        self.assertFalse(results[7])
