@@ -12,7 +12,7 @@ $(VENV)/.installed: pyproject.toml requirements-dev.txt
 	touch $@
 
 demo: $(VENV)/.installed
-	$(PY) testproject/demo.py
+	$(PY) testproject/demo.py $(ARGS)
 
 servers:
 	scripts/install-servers

@@ -1,4 +1,4 @@
-"""URLs of the demo project."""
+"""URLs of the shop: the admin (with the invoices' "Export now" view)."""
 
 from django.contrib import admin
 from django.urls import path

@@ -1,0 +1,1 @@
+"""Products and their stock: the five-minute reconciliation and the warehouse alert feed."""

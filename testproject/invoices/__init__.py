@@ -1,0 +1,1 @@
+"""Orders and their invoices, and the nightly export of invoices to accounting."""
