@@ -142,8 +142,10 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {"short": {"format": "%(asctime)s %(name)s %(levelname)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "short"}},
+    # The root logger prints (Celery's worker replaces its handler with its own): one line each.
+    "root": {"handlers": ["console"], "level": "WARNING"},
     "loggers": {
-        "django_locks": {"handlers": ["console"], "level": "DEBUG" if DEMO else "INFO"},
-        "shop": {"handlers": ["console"], "level": "INFO"},
+        "django_locks": {"level": "DEBUG" if DEMO else "INFO"},
+        "shop": {"level": "INFO"},
     },
 }
