@@ -284,6 +284,20 @@ def test_the_table_missing_is_a_warning_only_under_check_database(store, sql):
     assert "migrate" in messages[0].hint
 
 
+def test_no_table_warning_while_the_migrations_are_not_applied(store, sql):
+    # The first `migrate` runs the checks before it creates the table: nothing to say then.
+    query(sql, "ALTER TABLE django_locks_lease RENAME TO django_locks_lease_away")
+    query(sql, "UPDATE django_migrations SET app = 'django_locks_away' WHERE app = 'django_locks'")
+    try:
+        messages = store.check(databases=["postgres"])
+    finally:
+        query(
+            sql, "UPDATE django_migrations SET app = 'django_locks' WHERE app = 'django_locks_away'"
+        )
+        query(sql, "ALTER TABLE django_locks_lease_away RENAME TO django_locks_lease")
+    assert messages == []
+
+
 RUNNER_TESTS = "tests.test_database_store.PostgresPooledContract"
 SELECTED = "Pooled or timeout or hung or fork or lost or expected"
 

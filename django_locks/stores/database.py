@@ -96,7 +96,12 @@ SELECT lease.key, lease.owner, lease.holder, lease.fencing_token, lease.acquired
 FROM {TABLE} AS lease, (SELECT clock_timestamp() AS now) AS clock
 """
 PG_LEASES_HELD = PG_LEASES + " WHERE lease.released_at IS NULL AND lease.expires_at > clock.now"
-PG_MISSING = f"SELECT to_regclass('{TABLE}') IS NULL, to_regclass('{SEQUENCE}') IS NULL"
+RECORDER = "django_migrations"
+PG_MISSING = (
+    f"SELECT to_regclass('{TABLE}') IS NULL, to_regclass('{SEQUENCE}') IS NULL, "
+    f"to_regclass('{RECORDER}')"
+)
+MIGRATED = f"SELECT count(*) FROM {RECORDER} WHERE app = 'django_locks'"
 
 # SQLite. Every write runs inside BEGIN IMMEDIATE (the database's write lock, taken up front so
 # that concurrent writers wait for it instead of failing to upgrade a read lock), which makes the
@@ -142,7 +147,7 @@ SELECT key, owner, holder, fencing_token, acquired_at,
 FROM {TABLE}
 """
 SQLITE_LEASES_HELD = SQLITE_LEASES + f" WHERE {_SQLITE_LIVE}"
-SQLITE_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN (?, ?)"
+SQLITE_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN (?, ?, ?)"
 
 CHECK_TIMEOUT = 2.0
 """Seconds the I/O checks (``check --database``) wait for the database at most."""
@@ -353,9 +358,17 @@ class DatabaseStore(LockStore):
         return messages
 
     def _check_schema(self) -> list[Any]:
+        # Only a schema that should be there and is not is worth a warning: while django_locks'
+        # migrations are not applied on this alias (the first `migrate`, which runs the checks
+        # before it migrates), Django's own unapplied-migrations notice covers it.
         def pg(cursor: Any) -> list[str]:
             cursor.execute(PG_MISSING)
-            table_missing, sequence_missing = cursor.fetchone()
+            table_missing, sequence_missing, recorder = cursor.fetchone()
+            if recorder is None or not (table_missing or sequence_missing):
+                return []
+            cursor.execute(MIGRATED)
+            if not cursor.fetchone()[0]:
+                return []
             return [
                 name
                 for name, gone in ((TABLE, table_missing), (SEQUENCE, sequence_missing))
@@ -363,8 +376,11 @@ class DatabaseStore(LockStore):
             ]
 
         def sqlite(cursor: Any) -> list[str]:
-            found = {row[0] for row in cursor.execute(SQLITE_TABLES, (TABLE, SEQUENCE))}
-            return [name for name in (TABLE, SEQUENCE) if name not in found]
+            found = {row[0] for row in cursor.execute(SQLITE_TABLES, (TABLE, SEQUENCE, RECORDER))}
+            missing = [name for name in (TABLE, SEQUENCE) if name not in found]
+            if not missing or RECORDER not in found:
+                return []
+            return missing if cursor.execute(MIGRATED).fetchone()[0] else []
 
         try:
             missing = self._pools.run(pg, sqlite, CHECK_TIMEOUT, renewal=False, write=False)
