@@ -1,0 +1,525 @@
+"""One fault run: servers, worker processes, a nemesis injecting one kind of fault every ~10 s
+(with jitter), then the checker on the recorded history.
+
+``run(RunConfig(scenario=..., store=..., duration=..., seed=...))`` returns the checker's
+``Report``; its ``summary()`` is the run's one line. The run's directory keeps every history file
+(``worker-N.jsonl``, ``nemesis.jsonl``), the workers' logs and ``report.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.faults.checker import Report, check, read_history
+from tests.faults.proxy import Proxy
+from tests.faults.servers import ROOT, Servers, pause_redis, start_redis
+from tests.faults.worker import History
+
+LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
+LEADER_KEY = "tests:fenced-writer"  # tests/testapp/leaders.py
+
+SCENARIOS: dict[str, str] = {
+    "baseline": "contention only, no fault",
+    "holder_pause": "a holder SIGSTOPped for 0.5 to 3 ttl",
+    "request_pause": "a holder's next acquire/renew is served but its answer comes 0.5-3 ttl late",
+    "store_pause": "the store's processes SIGSTOPped for 0.5 to 3 ttl",
+    "hung_connection": "a holder's store connections hang 0.5 to 3 ttl (proxy, no reset)",
+    "store_restart": "the store killed and restarted (Redis kill -9, appendfsync always; "
+    "PostgreSQL immediate shutdown)",
+    "store_restart_everysec": "Redis kill -9 and restart with appendfsync everysec",
+    "delayed_write": "a holder's writes reach the database 1.5-3 ttl late, after its release",
+    "wallclock": "a holder's wall clock jumps by hours (libfaketime, that process only)",
+    "atomic_pgbouncer": "locks taken inside rolled-back atomic() blocks, the store through "
+    "PgBouncer (transaction mode), holders paused",
+    "holder_kill": "a holder SIGKILLed (a replacement worker starts)",
+    "leader": "run_leader processes: the leader SIGKILLed or SIGSTOPped, fenced leader writes",
+}
+ONLY = {"store_restart_everysec": "redis", "atomic_pgbouncer": "postgres"}
+CI_SCENARIOS = ("baseline", "holder_pause", "hung_connection", "delayed_write")
+LONG_SECTIONS = {"hung_connection", "store_pause"}
+"""A critical section of at most 2 s ends before the deadline of a 2 s lease (1.98 s after the
+last renewal sent), so a store that stops answering would never cost a lock: under these faults
+sections last up to 3 ttl, so that the loss, and how late it is announced, is measured."""
+
+
+@dataclass
+class RunConfig:
+    scenario: str
+    store: str
+    duration: float = 30.0
+    seed: int = 1
+    workers: int = 6
+    keys: int = 3
+    ttl: float = 2.0
+    cs_max: float | None = None  # seconds; 2, or 3 ttl for LONG_SECTIONS
+    interval: float = 10.0
+    out: Path | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.scenario not in SCENARIOS:
+            raise ValueError(f"unknown scenario {self.scenario!r}: one of {', '.join(SCENARIOS)}")
+        if self.store not in ("postgres", "redis"):
+            raise ValueError(f"`store` must be 'postgres' or 'redis', got {self.store!r}")
+        if ONLY.get(self.scenario, self.store) != self.store:
+            raise ValueError(f"{self.scenario} runs on {ONLY[self.scenario]} only")
+        if self.cs_max is None:
+            self.cs_max = 3 * self.ttl if self.scenario in LONG_SECTIONS else 2.0
+
+
+class Tracker:
+    """Follows the workers' histories as they grow: who holds which key right now."""
+
+    def __init__(self) -> None:
+        self.files: dict[int, tuple[Path, int]] = {}  # pid -> (path, offset)
+        self.holding: dict[int, tuple[str, int]] = {}  # pid -> (key, token)
+        self.until: dict[int, float] = {}  # pid -> end of its current critical section
+        self.deadline: dict[int, float] = {}  # pid -> its current holder deadline
+
+    def follow(self, pid: int, path: Path) -> None:
+        self.files[pid] = (path, 0)
+
+    def holders(self) -> list[tuple[int, str, int]]:
+        for pid, (path, offset) in list(self.files.items()):
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    fh.seek(offset)
+                    data = fh.read()
+            except FileNotFoundError:
+                continue
+            complete = data[: data.rfind("\n") + 1]
+            self.files[pid] = (path, offset + len(complete.encode()))
+            for line in complete.splitlines():
+                event = json.loads(line)
+                if event["e"] == "ok":
+                    self.holding[pid] = (event["key"], event["token"])
+                    self.until[pid] = event["t"]
+                    self.deadline[pid] = event["deadline"]
+                elif event["e"] == "deadline":
+                    self.deadline[pid] = event["deadline"]
+                elif event["e"] == "cs":
+                    self.until[pid] = event["until"]
+                elif event["e"] in ("release", "lost", "exit"):
+                    self.holding.pop(pid, None)
+        return [(pid, key, token) for pid, (key, token) in self.holding.items()]
+
+    def forget(self, pid: int) -> None:
+        self.files.pop(pid, None)
+        self.holding.pop(pid, None)
+
+
+class Run:
+    def __init__(self, config: RunConfig, servers: Servers) -> None:
+        self.config = config
+        self.servers = servers
+        self.rng = random.Random(config.seed)
+        self.out = config.out or Path(
+            tempfile.mkdtemp(prefix=f"faults-{config.store}-{config.scenario}-")
+        )
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.keys = [f"faults:{i}" for i in range(config.keys)]
+        self.record = History(str(self.out / "nemesis.jsonl"), "nemesis")
+        self.tracker = Tracker()
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.routes: dict[int, int] = {}  # pid -> proxy route
+        self.faketime: dict[int, Path] = {}
+        self.stopped: set[int] = set()
+        self.redis: Any = None
+        self.proxy: Proxy | None = None
+        self.stop = threading.Event()
+        self.stop_at = 0.0
+        self.spawned = 0
+
+    # Setting up.
+
+    def store_spec(self, route: int | None) -> tuple[dict[str, Any], int | None]:
+        """The worker's store, and the port its ``store`` database alias connects to."""
+        port: int | None = None
+        if route is not None:
+            assert self.proxy is not None
+            port = self.proxy.port(route)
+        if self.config.store == "redis":
+            assert self.redis is not None
+            return {"kind": "redis", "url": f"redis://127.0.0.1:{port or self.redis.port}/0"}, None
+        if self.config.scenario == "atomic_pgbouncer":
+            bouncer = self.servers.start_pgbouncer()
+            # Release notices need a session: waiters LISTEN on the direct connection.
+            return {"kind": "postgres", "using": "store", "listen": "default"}, bouncer.port
+        return {"kind": "postgres", "using": "store", "listen": True}, port
+
+    def spawn_worker(self) -> int:
+        index = self.spawned
+        self.spawned += 1
+        route = None
+        if self.proxy is not None:
+            assert self.servers.postgres is not None
+            upstream = (
+                self.redis.port if self.config.store == "redis" else self.servers.postgres.port
+            )
+            route = self.proxy.add_route(("127.0.0.1", upstream))
+        spec, port = self.store_spec(route)
+        history = self.out / f"worker-{index}.jsonl"
+        worker = {
+            "name": f"w{index}",
+            "seed": self.config.seed * 1000 + index,
+            "history": str(history),
+            "ttl": self.config.ttl,
+            "cs_max": self.config.cs_max,
+            "keys": self.keys,
+            "stop_at": self.stop_at,
+            "store": spec,
+            "atomic": self.config.scenario == "atomic_pgbouncer",
+        }
+        env = {**self.servers.env(port), "FAULTS_WORKER": json.dumps(worker)}
+        if self.config.scenario == "wallclock":
+            rc = self.out / f"faketime-{index}.rc"
+            rc.write_text("+0\n")
+            env |= {
+                "LD_PRELOAD": LIBFAKETIME,
+                "FAKETIME_TIMESTAMP_FILE": str(rc),
+                "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+                "FAKETIME_CACHE_DURATION": "1",
+            }
+        with open(self.out / f"worker-{index}.log", "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.faults.worker"],
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        self.procs[proc.pid] = proc
+        self.tracker.follow(proc.pid, history)
+        if route is not None:
+            self.routes[proc.pid] = route
+        if self.config.scenario == "wallclock":
+            self.faketime[proc.pid] = self.out / f"faketime-{index}.rc"
+        return proc.pid
+
+    def spawn_leader(self) -> int:
+        index = self.spawned
+        self.spawned += 1
+        assert self.servers.postgres is not None
+        if self.config.store == "redis":
+            locks = {
+                "BACKEND": "django_locks.stores.RedisStore",
+                "OPTIONS": {"url": self.redis.url},
+            }
+        else:
+            locks = {
+                "BACKEND": "django_locks.stores.DatabaseStore",
+                "OPTIONS": {"using": "postgres"},
+            }
+        env = {
+            **os.environ,
+            "DJANGO_LOCKS_TEST_POSTGRES": json.dumps(self.servers.database()),
+            "DJANGO_LOCKS_TEST_LOCKS": json.dumps(locks),
+            "LEADER_DATABASE": "postgres",
+            "PYTHONPATH": str(ROOT),
+        }
+        args = ["run_leader", LEADER_KEY, "--ttl", f"{self.config.ttl}s", "--grace", "3s"]
+        with open(self.out / f"leader-{index}.log", "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "django", *args, "--settings=tests.leader_settings"],
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        self.procs[proc.pid] = proc
+        return proc.pid
+
+    # The nemesis.
+
+    def pick_holder(self) -> tuple[int, str, int] | None:
+        """A worker holding a lock, preferably one whose critical section goes on for a second
+        more and past its current deadline (so that a fault strikes while it works)."""
+        give_up = time.monotonic() + 3
+        holders: list[tuple[int, str, int]] = []
+        while time.monotonic() < give_up and not self.stop.is_set():
+            holders = [h for h in self.tracker.holders() if h[0] not in self.stopped]
+            now = time.monotonic()
+            busy = [
+                h
+                for h in holders
+                if self.tracker.until.get(h[0], 0)
+                > max(now + 1, self.tracker.deadline.get(h[0], 0) + 0.2)
+            ]
+            if busy:
+                return self.rng.choice(busy)
+            time.sleep(0.02)
+        return self.rng.choice(holders) if holders else None
+
+    def current_leader(self) -> int | None:
+        rows = self.servers.sql(
+            "SELECT pid FROM testapp_leaderwrite WHERE accepted ORDER BY id DESC LIMIT 1"
+        )
+        return int(rows[0][0]) if rows else None
+
+    def duration(self) -> float:
+        return self.rng.uniform(0.5, 3.0) * self.config.ttl
+
+    def nemesis(self) -> None:
+        scenario = self.config.scenario
+        next_at = time.monotonic() + self.rng.uniform(0.5, 1.2) * self.config.interval
+        while True:
+            if self.stop.wait(max(0.0, next_at - time.monotonic())):
+                return
+            if time.monotonic() > self.stop_at - 2:
+                return
+            if scenario != "baseline":
+                getattr(self, f"fault_{scenario}", self.fault_none)()
+            next_at += self.rng.uniform(0.7, 1.3) * self.config.interval
+
+    def fault_none(self) -> None:
+        pass
+
+    def _stop_process(self, kind: str, pid: int, key: str, token: int | None) -> None:
+        pause = self.duration()
+        start = time.monotonic()
+        os.kill(pid, signal.SIGSTOP)
+        self.stopped.add(pid)
+        self.stop.wait(pause)
+        os.kill(pid, signal.SIGCONT)
+        self.stopped.discard(pid)
+        self.record(
+            "fault", kind=kind, pid=pid, key=key, token=token, start=start, end=time.monotonic()
+        )
+
+    def fault_holder_pause(self) -> None:
+        holder = self.pick_holder()
+        if holder is not None:
+            self._stop_process("holder_pause", *holder)
+
+    fault_atomic_pgbouncer = fault_holder_pause
+
+    def fault_request_pause(self) -> None:
+        holder = self.pick_holder()
+        if holder is not None:
+            pid, key, token = holder
+            now = time.monotonic()
+            os.kill(pid, signal.SIGUSR2)  # the worker draws the delay and records it
+            self.record(
+                "fault", kind="request_pause", pid=pid, key=key, token=token, start=now, end=now
+            )
+
+    def fault_delayed_write(self) -> None:
+        holder = self.pick_holder()
+        if holder is not None:
+            pid, key, token = holder
+            now = time.monotonic()
+            os.kill(pid, signal.SIGUSR1)
+            self.record(
+                "fault", kind="delayed_write", pid=pid, key=key, token=token, start=now, end=now
+            )
+
+    def fault_hung_connection(self) -> None:
+        holder = self.pick_holder()
+        if holder is None or self.proxy is None:
+            return
+        pid, key, token = holder
+        route = self.routes[pid]
+        start = time.monotonic()
+        self.proxy.hang(route)
+        self.stop.wait(self.duration())
+        self.proxy.resume(route)
+        self.record(
+            "fault",
+            kind="hung_connection",
+            pid=pid,
+            key=key,
+            token=token,
+            start=start,
+            end=time.monotonic(),
+        )
+
+    def fault_store_pause(self) -> None:
+        start = time.monotonic()
+        self.pause_store(True)
+        self.stop.wait(self.duration())
+        self.pause_store(False)
+        self.record("fault", kind="store_pause", pid=None, start=start, end=time.monotonic())
+
+    def pause_store(self, paused: bool) -> None:
+        if self.config.store == "redis":
+            pause_redis(self.redis, paused)
+        else:
+            self.servers.pause_postgres(paused)
+
+    def fault_store_restart(self) -> None:
+        start = time.monotonic()
+        if self.config.store == "redis":
+            self.redis.kill()
+            self.redis.start()
+        else:
+            self.servers.restart_postgres()
+        self.record("fault", kind="store_restart", pid=None, start=start, end=time.monotonic())
+
+    fault_store_restart_everysec = fault_store_restart
+
+    def fault_wallclock(self) -> None:
+        holder = self.pick_holder()
+        if holder is None:
+            return
+        pid, key, token = holder
+        offset = self.rng.choice(["+3600", "-3600", "+86400", "-86400", "+600", "-600"])
+        now = time.monotonic()
+        self.faketime[pid].write_text(offset + "\n")
+        self.record(
+            "fault",
+            kind="wallclock",
+            pid=pid,
+            key=key,
+            token=token,
+            offset=offset,
+            start=now,
+            end=now,
+        )
+
+    def fault_holder_kill(self) -> None:
+        holder = self.pick_holder()
+        if holder is None:
+            return
+        pid, key, token = holder
+        now = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        self.record("fault", kind="holder_kill", pid=pid, key=key, token=token, start=now, end=now)
+        self.procs[pid].wait(10)
+        self.tracker.forget(pid)
+        self.spawn_worker()
+
+    def fault_leader(self) -> None:
+        pid = self.current_leader()
+        if pid is None or pid not in self.procs or self.procs[pid].poll() is not None:
+            return
+        if self.rng.random() < 0.5:
+            now = time.monotonic()
+            os.kill(pid, signal.SIGKILL)
+            self.record("fault", kind="leader_kill", pid=pid, key=LEADER_KEY, start=now, end=now)
+            self.procs[pid].wait(10)
+            self.spawn_leader()
+        else:
+            self._stop_process("leader_pause", pid, LEADER_KEY, None)
+
+    # The run.
+
+    def execute(self) -> Report:
+        config = self.config
+        self.servers.reset([*self.keys, LEADER_KEY])
+        if config.store == "redis":
+            fsync = "everysec" if config.scenario == "store_restart_everysec" else "always"
+            self.redis = start_redis(fsync)
+        if config.scenario == "hung_connection":
+            self.proxy = Proxy().start()
+        warmup = 3.0
+        self.stop_at = time.monotonic() + warmup + config.duration
+        nemesis = threading.Thread(target=self.nemesis, name="nemesis")
+        try:
+            if config.scenario == "leader":
+                for _ in range(3):
+                    self.spawn_leader()
+            else:
+                for _ in range(config.workers):
+                    self.spawn_worker()
+            time.sleep(warmup)
+            nemesis.start()
+            self.stop.wait(max(0.0, self.stop_at - time.monotonic()))
+        finally:
+            self.stop.set()
+            if nemesis.is_alive():
+                nemesis.join(timeout=30)
+            self.shutdown()
+        return self.finish()
+
+    def shutdown(self) -> None:
+        for pid in list(self.stopped):
+            os.kill(pid, signal.SIGCONT)
+        if self.proxy is not None:
+            for route in self.proxy.routes():
+                self.proxy.resume(route)
+        if self.config.scenario in ("store_pause",):
+            self.pause_store(False)
+        if self.config.scenario == "leader":
+            for proc in self.procs.values():
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+        # Workers stop on their own at stop_at, after their round (and a delayed write).
+        give_up = time.monotonic() + 30
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.1, give_up - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        if self.proxy is not None:
+            self.proxy.stop()
+        if self.redis is not None:
+            self.redis.destroy()
+
+    def finish(self) -> Report:
+        for product, value in self.servers.counters():
+            kind, _, key = product.partition(":")
+            if kind in ("f", "c"):
+                self.record(
+                    "counter", kind="fenced" if kind == "f" else "canary", key=key, value=value
+                )
+        if self.config.scenario == "leader":
+            rows = self.servers.sql(
+                "SELECT key, pid, fencing_token, started, ended, accepted FROM testapp_leaderwrite"
+            )
+            for key, pid, token, started, ended, accepted in rows:
+                self.record(
+                    "write",
+                    kind="leader",
+                    key=key,
+                    pid=pid,
+                    token=int(token),
+                    start=started,
+                    end=ended,
+                    accepted=bool(accepted),
+                )
+        events = read_history(sorted(self.out.glob("*.jsonl")))
+        report = check(events)
+        label = (
+            f"[{self.config.store} {self.config.scenario} {self.config.duration:g}s "
+            f"seed={self.config.seed}] "
+        )
+        (self.out / "report.json").write_text(
+            json.dumps(
+                {
+                    "config": asdict(self.config) | {"out": str(self.out)},
+                    "summary": report.summary(label),
+                    **report.as_dict(),
+                },
+                indent=1,
+            )
+        )
+        report.details.insert(0, f"history in {self.out}")
+        self.label = label
+        return report
+
+
+def run(config: RunConfig, servers: Servers | None = None) -> tuple[Report, str]:
+    """One run; ``servers`` shared by several runs, else started and destroyed here. Returns
+    the report and its one-line summary."""
+    own = servers is None
+    if servers is None:
+        servers = Servers().start()
+    try:
+        fault_run = Run(config, servers)
+        report = fault_run.execute()
+        return report, report.summary(fault_run.label)
+    finally:
+        if own:
+            servers.destroy()

@@ -1,0 +1,69 @@
+"""The lock store a fault worker uses, and a wrapper that holds back one reply on demand."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from django_locks.stores.base import LockStore
+
+
+def build_store(spec: dict[str, Any]) -> LockStore:
+    """From ``{"kind": "redis", "url": ...}`` or ``{"kind": "postgres", "using": ...}``."""
+    if spec["kind"] == "redis":
+        from django_locks.stores import RedisStore
+
+        return RedisStore(url=spec["url"], socket_timeout=5)
+    from django_locks.stores import DatabaseStore
+
+    return DatabaseStore(spec["using"], listen_using=spec.get("listen", True))
+
+
+class DelayingStore(LockStore):
+    """Delegates to ``inner``; once armed, the next ``acquire`` or ``renew`` is sent and served
+    at once but its answer reaches the caller only ``delay`` seconds later: a process paused
+    right after sending a request (the late "OK" must not count)."""
+
+    def __init__(self, inner: LockStore, record: Callable[..., None]) -> None:
+        self.inner = inner
+        self._record = record
+        self._mutex = threading.Lock()
+        self._delay: float | None = None
+
+    def arm(self, delay: float) -> None:
+        with self._mutex:
+            self._delay = delay
+
+    def _hold_back(self, op: str, key: str, sent: float, result: object) -> None:
+        with self._mutex:
+            delay, self._delay = self._delay, None
+        if delay is None:
+            return
+        self._record("reply_delayed", op=op, key=key, sent=sent, delay=delay, result=result)
+        time.sleep(delay)
+
+    def acquire(
+        self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None
+    ) -> int | None:
+        sent = time.monotonic()
+        token = self.inner.acquire(key, owner, ttl_ms, timeout=timeout)
+        if token is not None:
+            self._hold_back("acquire", key, sent, token)
+        return token
+
+    def renew(self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None) -> bool:
+        sent = time.monotonic()
+        renewed = self.inner.renew(key, owner, ttl_ms, timeout=timeout)
+        self._hold_back("renew", key, sent, renewed)
+        return renewed
+
+    def release(self, key: str, owner: str, *, timeout: float | None = None) -> bool:
+        return self.inner.release(key, owner, timeout=timeout)
+
+    def wait_for_release(self, key: str, timeout: float) -> bool:
+        return self.inner.wait_for_release(key, timeout)
+
+    def close(self) -> None:
+        self.inner.close()

@@ -1,0 +1,100 @@
+"""The fault suite in CI: baseline, holder pause, hung connection and delayed write, 30 s each on
+PostgreSQL and on Redis, failing on any violation the checker finds (tests/faults/).
+
+The full matrix is one command (docs/topics/faults.rst):
+``python -m tests.faults --matrix --duration 120 --runs 5``.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.faults.harness import CI_SCENARIOS, RunConfig, run
+from tests.faults.servers import Servers
+
+CI_DURATION = 30.0
+LATENESS_P99_BOUND_MS = 500.0
+"""A generous bound for noisy CI machines; the long run reports the real figure."""
+
+
+@pytest.fixture(scope="module")
+def fault_servers() -> Iterator[Servers]:
+    """The fault suite's own PostgreSQL cluster (it restarts and pauses it in other scenarios,
+    so it is not the session's), shared by this module's runs."""
+    from tests.servers import missing
+
+    servers = Servers()
+    try:
+        servers.start()
+    except (OSError, RuntimeError) as exc:
+        servers.destroy()
+        missing(f"PostgreSQL for the fault suite did not start: {exc}")
+    yield servers
+    servers.destroy()
+
+
+@pytest.mark.faults
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", CI_SCENARIOS)
+@pytest.mark.parametrize(
+    "store",
+    [
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("redis", marks=[pytest.mark.postgres, pytest.mark.redis]),
+    ],
+)
+def test_no_violation_under_faults(
+    scenario: str, store: str, fault_servers: Servers, tmp_path: Any
+) -> None:
+    config = RunConfig(scenario, store, duration=CI_DURATION, seed=1, out=tmp_path / "history")
+    report, summary = run(config, fault_servers)
+    print(summary)
+    assert report.ok, "\n".join([summary, *report.details[:20]])
+    assert report.acquisitions > 20, summary
+    if scenario != "baseline":
+        assert sum(report.faults.values()) >= 2, summary
+    p99 = report.figures()["lateness_p99_ms"]
+    assert math.isnan(p99) or p99 < LATENESS_P99_BOUND_MS, summary
+    if scenario == "holder_pause" or scenario == "delayed_write":
+        # The fault really hit: a fenced write was refused (and, most runs, the canary lost an
+        # update), else the run proves nothing.
+        assert report.refused_fenced > 0, summary
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(databases=["default", "postgres"], transaction=True)
+def test_a_waiting_acquire_polls_while_the_release_listener_is_slow_to_connect(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by the fault suite: under load, opening the LISTEN connection took longer than one
+    wait slice (250 ms) and the waiting acquire failed with StoreTimeoutError, although the store
+    itself answered. The notice channel only speeds waiting up: waiting goes on without it."""
+    from django_locks import Locks
+    from django_locks.stores import database_listener
+    from django_locks.stores.database import DatabaseStore
+
+    connect = database_listener.Listener._connect
+
+    def slow_connect(self: Any) -> Any:
+        time.sleep(1.0)
+        return connect(self)
+
+    monkeypatch.setattr(database_listener.Listener, "_connect", slow_connect)
+    store = DatabaseStore("postgres")
+    locks = Locks(store, ttl="5s")
+    try:
+        holder = locks.acquire("faults:slow-listener")
+        assert holder is not None
+        threading.Timer(0.5, holder.release).start()
+        lock = locks.acquire("faults:slow-listener", wait="4s")
+        assert lock is not None
+        assert lock.fencing_token > holder.fencing_token
+        lock.release()
+    finally:
+        store.close()
