@@ -51,6 +51,11 @@ HEADER_SCHEDULED = "django_locks_scheduled"
 HEADER_BEAT = "django_locks_beat"
 """The beat process that published it, ``host:pid``."""
 
+HANDBACK_GRACE = 1.0
+"""Seconds a stopping beat keeps a lease after it last published under it. Every beat wakes for
+the same crontab tick within a few milliseconds of the others: a lease handed back at once, right
+after publishing, lets a beat waking a moment later publish that same tick again."""
+
 _publishing: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
     "django_locks_beat_headers", default=None
 )
@@ -175,6 +180,7 @@ class BeatGuard:
         self.leader_key = f"celery-beat:{self.app.main or 'celery'}"
         self.leader: Lock | None = None
         self.owned: dict[str, Lock] = {}
+        self.published: dict[str, float] = {}  # lease key -> when this beat last published
         self.mutex = threading.Lock()
         self.holder = f"{socket.gethostname()}:{os.getpid()}"
         self._apply_entry = scheduler.apply_entry
@@ -316,6 +322,8 @@ class BeatGuard:
             return self._apply_entry(entry, producer=producer)
         finally:
             _publishing.reset(reset)
+            if HEADER_KEY in headers:
+                self.published[headers[HEADER_KEY]] = self.locks.clock.monotonic()
 
     def leader_token(self) -> int | None:
         leader = self.leader
@@ -336,9 +344,20 @@ class BeatGuard:
         leader, self.leader = self.leader, None
         if leader is not None:
             held.append(leader)
+        now = self.locks.clock.monotonic()
         for lock in held:
+            since = now - self.published.get(lock.key, float("-inf"))
             try:
-                if lock.release():
+                if since < HANDBACK_GRACE:
+                    # Handed back once the tick it just published cannot be published again.
+                    if lock.leave_for(HANDBACK_GRACE - since):
+                        logger.info(
+                            "This beat handed back %r (free in %.2fs, after the tick it just "
+                            "published)",
+                            lock.key,
+                            HANDBACK_GRACE - since,
+                        )
+                elif lock.release():
                     logger.info("This beat handed back %r", lock.key)
             except LocksError as exc:
                 logger.warning("Handing back %r failed (%s); it lapses at its ttl", lock.key, exc)
