@@ -20,7 +20,7 @@ from typing import Any
 
 from django.db import connections
 
-from django_locks.exceptions import StoreError, StoreTimeoutError
+from django_locks.exceptions import StoreError
 
 logger = logging.getLogger("django_locks")
 
@@ -55,11 +55,12 @@ class Listener:
                 self._thread.start()
             seen = self._releases.get(key, 0)
             while not self._listening and self._error is None:
-                self._cond.wait(max(deadline - time.monotonic(), 0))
-                if not self._listening and time.monotonic() >= deadline:
-                    raise StoreTimeoutError(
-                        f"Could not start listening for releases on {self.using!r} in time."
-                    )
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    # Still connecting (a first wait is often shorter than a connect): no
+                    # notice yet, which is no failure; the caller tries again at its pace.
+                    return False
+                self._cond.wait(remaining)
             if not self._listening and self._error is not None:
                 raise StoreError(
                     f"Listening for releases on the database {self.using!r} failed: {self._error}"
