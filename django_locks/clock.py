@@ -87,13 +87,23 @@ class _TimerThread:
                     target=self._run, name="django_locks-timer", daemon=True
                 )
                 self._thread.start()
-            self._cond.notify()
+            elif self._heap[0][2] is handle:
+                # Wake the thread only when this timer is due before the one it waits for:
+                # most timers (a renewal, a deadline) fall due after others, and a wake-up per
+                # acquire costs the caller a thread switch.
+                self._cond.notify()
         return handle
 
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._heap or self._heap[0][0] > time.monotonic():
+                while True:
+                    # Cancelled timers (every released lock leaves two) are dropped unseen,
+                    # so the thread sleeps until the next live one instead of waking for each.
+                    while self._heap and self._heap[0][2].cancelled:
+                        heapq.heappop(self._heap)
+                    if self._heap and self._heap[0][0] <= time.monotonic():
+                        break
                     delay = self._heap[0][0] - time.monotonic() if self._heap else None
                     self._cond.wait(delay)
                 _, _, handle = heapq.heappop(self._heap)
