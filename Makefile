@@ -21,9 +21,9 @@ test: $(VENV)/.installed servers
 	$(PY) -m pytest
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check django_locks tests testproject docs/conf.py
-	$(VENV)/bin/ruff format --check django_locks tests testproject docs/conf.py
-	$(VENV)/bin/mypy django_locks tests testproject
+	$(VENV)/bin/ruff check django_locks tests testproject benchmarks docs/conf.py
+	$(VENV)/bin/ruff format --check django_locks tests testproject benchmarks docs/conf.py
+	$(VENV)/bin/mypy django_locks tests testproject benchmarks
 
 docs: $(VENV)/.installed
 	$(VENV)/bin/sphinx-build -W -q -b html docs docs/_build/html

@@ -1,0 +1,374 @@
+"""The lock implementations measured side by side: django_locks on each store, its floors, and
+the peers (imported lazily: a peer that is not installed is reported as such, not measured).
+
+Each session belongs to one thread. Peers are used the way their documentation shows, with
+their defaults unless noted (a 30 s expiry everywhere, so that nothing lapses during a run).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import zlib
+from typing import Any
+
+from benchmarks.measure import Contender
+
+EXPIRY_S = 30
+
+PEER_PACKAGES = {
+    "python-redis-lock": "redis_lock",
+    "pottery": "pottery",
+}
+
+
+def installed(distribution: str) -> bool:
+    return importlib.util.find_spec(PEER_PACKAGES[distribution]) is not None
+
+
+class DjangoLocksSession:
+    """``Locks(store).acquire()`` / ``lock.release()``, the public API."""
+
+    def __init__(self, locks: Any) -> None:
+        self.locks = locks
+
+    def pair(self, key: str) -> None:
+        lock = self.locks.acquire(key)
+        if lock is None:
+            raise RuntimeError(f"{key!r} was taken")
+        lock.release()
+
+    def acquire(self, key: str) -> Any:
+        lock = self.locks.acquire(key, wait=EXPIRY_S)
+        if lock is None:
+            raise RuntimeError(f"{key!r} stayed taken for {EXPIRY_S}s")
+        return lock
+
+    def release(self, handle: Any) -> None:
+        handle.release()
+
+    def close(self) -> None:
+        pass
+
+
+def django_locks(name: str, locks: Any, note: str = "") -> Contender:
+    return Contender(name, lambda: DjangoLocksSession(locks), note)
+
+
+class StoreSession:
+    """The store's own calls, without the ``Lock`` around them (no renewal timers, no signal):
+    how much of django_locks' time is the round trips."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def pair(self, key: str) -> None:
+        if self.store.acquire(key, "bench-store-calls", EXPIRY_S * 1000) is None:
+            raise RuntimeError(f"{key!r} was taken")
+        self.store.release(key, "bench-store-calls")
+
+    def acquire(self, key: str) -> Any:
+        raise NotImplementedError
+
+    def release(self, handle: Any) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+def store_calls(name: str, store: Any) -> Contender:
+    return Contender(name, lambda: StoreSession(store))
+
+
+# Redis.
+
+
+def redis_client(url: str) -> Any:
+    import redis
+
+    return redis.Redis.from_url(url)
+
+
+class PingSession:
+    """The floor: two PINGs through redis-py's client."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def pair(self, key: str) -> None:
+        self.client.ping()
+        self.client.ping()
+
+    def acquire(self, key: str) -> Any:
+        raise NotImplementedError
+
+    def release(self, handle: Any) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class RedisPyLockSession:
+    """redis-py's ``Lock`` (SET NX PX, a Lua release; waiting polls every ``sleep`` seconds)."""
+
+    def __init__(self, client: Any, sleep: float) -> None:
+        self.client = client
+        self.sleep = sleep
+        self.locks: dict[str, Any] = {}
+
+    def _lock(self, key: str) -> Any:
+        lock = self.locks.get(key)
+        if lock is None:
+            lock = self.locks[key] = self.client.lock(key, timeout=EXPIRY_S, sleep=self.sleep)
+        return lock
+
+    def pair(self, key: str) -> None:
+        lock = self._lock(key)
+        if not lock.acquire(blocking=False):
+            raise RuntimeError(f"{key!r} was taken")
+        lock.release()
+
+    def acquire(self, key: str) -> Any:
+        lock = self._lock(key)
+        if not lock.acquire(blocking=True, blocking_timeout=EXPIRY_S):
+            raise RuntimeError(f"{key!r} stayed taken")
+        return lock
+
+    def release(self, handle: Any) -> None:
+        handle.release()
+
+    def close(self) -> None:
+        pass
+
+
+class RedisLockSession:
+    """python-redis-lock (SET NX EX; a release pushes to a signal list waiters BLPOP on)."""
+
+    def __init__(self, client: Any) -> None:
+        import redis_lock  # type: ignore[import-untyped,import-not-found,unused-ignore]
+
+        self.module = redis_lock
+        self.client = client
+        self.locks: dict[str, Any] = {}
+
+    def _lock(self, key: str) -> Any:
+        lock = self.locks.get(key)
+        if lock is None:
+            lock = self.locks[key] = self.module.Lock(self.client, key, expire=EXPIRY_S)
+        return lock
+
+    def pair(self, key: str) -> None:
+        lock = self._lock(key)
+        if not lock.acquire(blocking=False):
+            raise RuntimeError(f"{key!r} was taken")
+        lock.release()
+
+    def acquire(self, key: str) -> Any:
+        lock = self._lock(key)
+        if not lock.acquire(blocking=True, timeout=EXPIRY_S):
+            raise RuntimeError(f"{key!r} stayed taken")
+        return lock
+
+    def release(self, handle: Any) -> None:
+        handle.release()
+
+    def close(self) -> None:
+        pass
+
+
+class RedlockSession:
+    """pottery's ``Redlock`` on one master (waiting polls with a random sleep)."""
+
+    def __init__(self, client: Any) -> None:
+        from pottery import Redlock
+
+        self.make = Redlock
+        self.client = client
+        self.locks: dict[str, Any] = {}
+
+    def _lock(self, key: str) -> Any:
+        lock = self.locks.get(key)
+        if lock is None:
+            lock = self.locks[key] = self.make(
+                key=key, masters={self.client}, auto_release_time=EXPIRY_S
+            )
+        return lock
+
+    def pair(self, key: str) -> None:
+        lock = self._lock(key)
+        if not lock.acquire(blocking=False):
+            raise RuntimeError(f"{key!r} was taken")
+        lock.release()
+
+    def acquire(self, key: str) -> Any:
+        lock = self._lock(key)
+        if not lock.acquire(timeout=EXPIRY_S):
+            raise RuntimeError(f"{key!r} stayed taken")
+        return lock
+
+    def release(self, handle: Any) -> None:
+        handle.release()
+
+    def close(self) -> None:
+        pass
+
+
+def redis_peers(url: str) -> tuple[list[Contender], list[str]]:
+    """redis-py's Lock, python-redis-lock and pottery (those installed), and the missing ones."""
+    client = redis_client(url)
+    peers = [Contender("redis-py Lock", lambda: RedisPyLockSession(client, 0.1))]
+    missing = []
+    if installed("python-redis-lock"):
+        peers.append(Contender("python-redis-lock", lambda: RedisLockSession(client)))
+    else:
+        missing.append("python-redis-lock")
+    if installed("pottery"):
+        peers.append(Contender("pottery Redlock", lambda: RedlockSession(client)))
+    else:
+        missing.append("pottery")
+    return peers, missing
+
+
+def redis_floor(url: str) -> Contender:
+    client = redis_client(url)
+    return Contender("floor: 2 x PING", lambda: PingSession(client))
+
+
+# PostgreSQL: plain psycopg connections in autocommit (psycopg 3's default cursor, which
+# prepares a statement run more than a few times: the cheapest a driver makes a round trip).
+
+FLOOR_TABLE = "bench_floor"
+RAW_LEASE_TABLE = "bench_raw_lease"
+RAW_CHANNEL = "bench_raw_lease_released"
+
+SETUP_SQL = [
+    f"CREATE TABLE IF NOT EXISTS {FLOOR_TABLE} (id int PRIMARY KEY, n bigint NOT NULL)",
+    f"INSERT INTO {FLOOR_TABLE} SELECT i, 0 FROM generate_series(0, 63) AS i "
+    "ON CONFLICT DO NOTHING",
+    f"""CREATE TABLE IF NOT EXISTS {RAW_LEASE_TABLE} (
+        key text PRIMARY KEY, owner text, token bigint NOT NULL DEFAULT 0,
+        expires_at timestamptz NOT NULL DEFAULT '-infinity')""",
+]
+FLOOR_WRITE = f"UPDATE {FLOOR_TABLE} SET n = n + 1 WHERE id = %s RETURNING n"
+# The minimal hand-written lease: take it if free or expired (the token grows), free it with a
+# notice in the same statement; waiters LISTEN on their own connection.
+RAW_ACQUIRE = f"""
+INSERT INTO {RAW_LEASE_TABLE} AS lease (key, owner, token, expires_at)
+VALUES (%(key)s, %(owner)s, 1, clock_timestamp() + interval '{EXPIRY_S} seconds')
+ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, token = lease.token + 1,
+    expires_at = excluded.expires_at
+WHERE lease.expires_at <= clock_timestamp()
+RETURNING lease.token
+"""
+RAW_RELEASE = f"""
+WITH freed AS (
+    UPDATE {RAW_LEASE_TABLE} SET expires_at = clock_timestamp()
+    WHERE key = %(key)s AND owner = %(owner)s AND expires_at > clock_timestamp()
+    RETURNING key)
+SELECT pg_notify('{RAW_CHANNEL}', key) FROM freed
+"""
+
+
+def pg_connect(dsn: dict[str, Any]) -> Any:
+    import psycopg
+
+    return psycopg.connect(autocommit=True, **dsn)
+
+
+def pg_setup(dsn: dict[str, Any]) -> None:
+    with pg_connect(dsn) as conn:
+        for sql in SETUP_SQL:
+            conn.execute(sql)
+
+
+def advisory_id(key: str) -> int:
+    return zlib.crc32(key.encode())
+
+
+class PgSession:
+    def __init__(self, dsn: dict[str, Any]) -> None:
+        self.conn = pg_connect(dsn)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class FloorWriteSession(PgSession):
+    """The floor: two committed single-row writes (``UPDATE ... RETURNING``, autocommit)."""
+
+    def pair(self, key: str) -> None:
+        row = zlib.crc32(key.encode()) % 64
+        self.conn.execute(FLOOR_WRITE, (row,)).fetchone()
+        self.conn.execute(FLOOR_WRITE, (row,)).fetchone()
+
+    def acquire(self, key: str) -> Any:
+        raise NotImplementedError
+
+    def release(self, handle: Any) -> None:
+        raise NotImplementedError
+
+
+class AdvisorySession(PgSession):
+    """``pg_try_advisory_lock`` / ``pg_advisory_unlock`` (session locks: no write, no expiry);
+    waiting is ``pg_advisory_lock``, queued in the server."""
+
+    def pair(self, key: str) -> None:
+        ident = advisory_id(key)
+        if not self.conn.execute("SELECT pg_try_advisory_lock(%s)", (ident,)).fetchone()[0]:
+            raise RuntimeError(f"{key!r} was taken")
+        self.conn.execute("SELECT pg_advisory_unlock(%s)", (ident,)).fetchone()
+
+    def acquire(self, key: str) -> Any:
+        ident = advisory_id(key)
+        self.conn.execute("SELECT pg_advisory_lock(%s)", (ident,)).fetchone()
+        return ident
+
+    def release(self, handle: Any) -> None:
+        self.conn.execute("SELECT pg_advisory_unlock(%s)", (handle,)).fetchone()
+
+
+class RawLeaseSession(PgSession):
+    """A raw LISTEN/NOTIFY lease (see ``RAW_ACQUIRE``): a waiter retries when notified."""
+
+    def __init__(self, dsn: dict[str, Any]) -> None:
+        super().__init__(dsn)
+        self.owner = f"raw-{id(self)}"
+        self.conn.execute(f"LISTEN {RAW_CHANNEL}")
+
+    def _try(self, key: str) -> bool:
+        params = {"key": key, "owner": self.owner}
+        return self.conn.execute(RAW_ACQUIRE, params).fetchone() is not None
+
+    def pair(self, key: str) -> None:
+        if not self._try(key):
+            raise RuntimeError(f"{key!r} was taken")
+        self.release(key)
+
+    def acquire(self, key: str) -> Any:
+        while not self._try(key):
+            # A notice received since the last look is returned at once (psycopg keeps them).
+            for notice in self.conn.notifies(timeout=1.0):
+                if notice.payload == key:
+                    break
+        return key
+
+    def release(self, handle: Any) -> None:
+        self.conn.execute(RAW_RELEASE, {"key": handle, "owner": self.owner}).fetchall()
+
+
+def postgres_floor(dsn: dict[str, Any]) -> Contender:
+    return Contender("floor: 2 x committed UPDATE", lambda: FloorWriteSession(dsn))
+
+
+def postgres_peers(dsn: dict[str, Any]) -> list[Contender]:
+    return [
+        Contender("advisory lock (psycopg)", lambda: AdvisorySession(dsn)),
+        Contender("raw LISTEN/NOTIFY lease", lambda: RawLeaseSession(dsn)),
+    ]
+
+
+def select_one(dsn: dict[str, Any]) -> Any:
+    """A connection and the call running one ``SELECT 1``."""
+    conn = pg_connect(dsn)
+    return conn, lambda: conn.execute("SELECT 1").fetchone()

@@ -1,0 +1,130 @@
+"""The benchmark's own servers (the test suite's throwaway PostgreSQL and redis-server) and Django.
+
+PostgreSQL runs with its default durability: the test suite's cluster turns ``fsync`` and
+``full_page_writes`` off for speed, so they are turned back on here (``ALTER SYSTEM``, then a
+reload, then checked): the floor must be real committed writes. redis-server runs with
+``appendonly no`` (Redis's default) and no snapshots during the run; the durable configuration
+django_locks' checks ask for (``appendfsync always``) is measured in a section of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from tests.servers import find_binary, wait_until
+from tests.servers.postgres import PostgresServer, postgres_bin_dir
+from tests.servers.redis import RedisServer
+
+DATABASE = "bench"
+
+PREPARED_ALIAS = "prepared"
+"""The same database through psycopg 3's server-side binding and prepared statements (Django's
+``OPTIONS``): possible on a direct connection only, not behind PgBouncer before 1.21."""
+PREPARED_OPTIONS = {"server_side_binding": True, "prepare_threshold": 5}
+
+DURABLE_POSTGRES = {"fsync": "on", "full_page_writes": "on", "synchronous_commit": "on"}
+
+
+class Unavailable(Exception):
+    """A server the benchmark needs cannot be started here."""
+
+
+def start_postgres() -> PostgresServer:
+    if postgres_bin_dir() is None:
+        raise Unavailable("PostgreSQL's initdb not found (scripts/install-servers installs it)")
+    server = PostgresServer().start()
+    try:
+        with server.connect() as conn:
+            for name, value in DURABLE_POSTGRES.items():
+                conn.execute(f"ALTER SYSTEM SET {name} = {value}")
+            conn.execute("SELECT pg_reload_conf()")
+            conn.execute(f"CREATE DATABASE {DATABASE}")
+
+        def durable() -> bool:
+            with server.connect() as conn:
+                return all(
+                    conn.execute(f"SHOW {name}").fetchone()[0] == value
+                    for name, value in DURABLE_POSTGRES.items()
+                )
+
+        wait_until(durable, timeout=10, what="PostgreSQL with fsync on")
+    except BaseException:
+        server.destroy()
+        raise
+    return server
+
+
+def postgres_settings(server: PostgresServer) -> dict[str, str]:
+    """What the benchmark prints about the server's durability, read back from it."""
+    with server.connect(DATABASE) as conn:
+        names = [*DURABLE_POSTGRES, "wal_sync_method", "server_version"]
+        return {name: str(conn.execute(f"SHOW {name}").fetchone()[0]) for name in names}
+
+
+def start_redis() -> RedisServer:
+    if find_binary("redis-server", "/usr/bin/redis-server") is None:
+        raise Unavailable("redis-server not found (scripts/install-servers installs it)")
+    return RedisServer({"appendonly": "no", "save": ""}).start()
+
+
+def make_redis_durable(server: RedisServer) -> None:
+    """``appendonly yes`` + ``appendfsync always``: every write on disk before its reply."""
+    with server.client() as client:
+        client.config_set("appendfsync", "always")
+        client.config_set("appendonly", "yes")
+
+        def rewritten() -> bool:
+            info = client.info("persistence")
+            return bool(info["aof_enabled"]) and not info["aof_rewrite_in_progress"]
+
+        wait_until(rewritten, timeout=30, what="Redis's append-only file")
+        time.sleep(0.2)
+
+
+def configure_django(server: PostgresServer | None) -> None:
+    """Django settings for a database store on the benchmark's PostgreSQL (alias ``default``),
+    and the ``Lease`` table migrated there (SQLite in memory when PostgreSQL is not measured)."""
+    import django
+    from django.conf import settings
+    from django.core.management import call_command
+
+    databases: dict[str, Any] = {
+        "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}
+    }
+    if server is not None:
+        direct = server.database_settings(DATABASE)
+        databases = {"default": direct, PREPARED_ALIAS: {**direct, "OPTIONS": PREPARED_OPTIONS}}
+    settings.configure(
+        DEBUG=False,
+        USE_TZ=True,
+        SECRET_KEY="django_locks-benchmarks",
+        INSTALLED_APPS=["django_locks"],
+        DATABASES=databases,
+        LOCKS={"BACKEND": "django_locks.stores.DatabaseStore"},
+        DEFAULT_AUTO_FIELD="django.db.models.BigAutoField",
+        LOGGING_CONFIG=None,
+    )
+    django.setup()
+    if server is not None:
+        from django.db import connections
+
+        call_command("migrate", verbosity=0)
+        connections.close_all()
+
+
+@contextlib.contextmanager
+def servers(stores: set[str]) -> Iterator[dict[str, Any]]:
+    """Start the servers ``stores`` need (``postgres``, ``redis``); destroy them at the end."""
+    started: dict[str, Any] = {}
+    try:
+        if "postgres" in stores:
+            started["postgres"] = start_postgres()
+        if "redis" in stores:
+            started["redis"] = start_redis()
+        yield started
+    finally:
+        for server in started.values():
+            server.destroy()

@@ -1,0 +1,516 @@
+"""Run the benchmarks: ``python -m benchmarks`` (or ``python benchmarks/run.py``) from the repo.
+
+Starts a throwaway PostgreSQL (fsync on) and redis-server, measures django_locks on each store
+against the round-trip floor and the peers in the same run, prints the figures and how they
+compare with the goals of issue 10. ``--quick`` runs tiny iteration counts (the smoke test);
+``--json FILE`` also writes every figure as JSON. Counts (round trips, store calls) are exact;
+times depend on the machine: read them as ratios measured side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import functools
+import json
+import os
+import platform
+import sys
+import threading
+import time
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import contenders, environment
+from benchmarks.measure import (
+    Contender,
+    best_of,
+    handoff,
+    latencies,
+    ratio,
+    table,
+    throughput,
+    us,
+)
+
+THREADS = (1, 4, 16)
+WAITERS = 8
+RENEWAL_LOCKS = 1000
+STORE_CALLS = "  its store calls alone"
+PREPARED = "  with prepared statements"
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Iteration counts: the full run, or ``--quick``."""
+
+    rounds: int = 10
+    block_postgres: int = 200
+    block_redis: int = 500
+    warmup: int = 50
+    throughput_seconds: float = 2.0
+    handoffs: int = 200
+    handoffs_polling: int = 60
+    hold: float = 0.01
+    renewal_ttl: float = 6.0
+    renewal_settle_periods: int = 2
+    renewal_periods: int = 5
+    owner_calls: int = 100_000
+
+
+QUICK = Plan(
+    rounds=2,
+    block_postgres=10,
+    block_redis=10,
+    warmup=3,
+    throughput_seconds=0.2,
+    handoffs=5,
+    handoffs_polling=3,
+    hold=0.005,
+    renewal_ttl=3.0,
+    renewal_settle_periods=2,
+    renewal_periods=2,
+    owner_calls=1000,
+)
+
+
+def say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+# The sections, each measured on one store.
+
+
+def section_latency(
+    results: dict[str, Any], floor: Contender, entries: list[Contender], block: int, plan: Plan
+) -> None:
+    sessions = {c.name: c.open() for c in [floor, *entries]}
+    operations = {
+        name: functools.partial(session.pair, f"bench:latency:{index}")
+        for index, (name, session) in enumerate(sessions.items())
+    }
+    timed = latencies(operations, rounds=plan.rounds, block=block, warmup=plan.warmup)
+    for session in sessions.values():
+        session.close()
+    base = timed[floor.name]
+    rows = []
+    for name, latency in timed.items():
+        rows.append(
+            [
+                name,
+                us(latency.median),
+                us(latency.p99),
+                ratio(latency.median, base.median),
+                ratio(latency.p99, base.p99),
+            ]
+        )
+        results["latency"][name] = {
+            **latency.as_dict(),
+            "ratio_to_floor": round(latency.median / base.median, 3),
+        }
+    say("Uncontended acquire + release, one thread (ratios to the floor's median / p99):")
+    say(table(["", "median", "p99", "x floor", "p99 x floor"], rows))
+    say()
+
+
+def section_throughput(results: dict[str, Any], entries: list[Contender], plan: Plan) -> None:
+    rows = []
+    for contender in entries:
+        figures = {}
+        for threads in THREADS:
+            figures[threads] = throughput(
+                contender, threads, plan.throughput_seconds, f"bench:tp:{contender.name}"
+            )
+        results["throughput"][contender.name] = {str(t): round(v) for t, v in figures.items()}
+        rows.append([contender.name, *(f"{figures[t]:,.0f}/s" for t in THREADS)])
+    say("Throughput: acquire + release pairs per second, each thread on a key of its own:")
+    say(table(["", *(f"{t} thread{'s' if t > 1 else ''}" for t in THREADS)], rows))
+    say()
+
+
+def section_handoff(
+    results: dict[str, Any], entries: list[tuple[Contender, bool]], reference: str, plan: Plan
+) -> None:
+    measured = {}
+    for contender, polling in entries:
+        count = plan.handoffs_polling if polling else plan.handoffs
+        found = handoff(
+            contender,
+            f"bench:handoff:{contender.name}",
+            waiters=WAITERS,
+            handoffs=count,
+            hold=plan.hold,
+        )
+        measured[contender.name] = found
+        results["handoff"][contender.name] = {
+            **found.latency.as_dict(),
+            "handoffs": found.handoffs,
+        }
+    base = measured[reference].latency.median
+    rows = []
+    for contender, _ in entries:
+        found = measured[contender.name]
+        results["handoff"][contender.name]["ratio_to_reference"] = round(
+            found.latency.median / base, 3
+        )
+        rows.append(
+            [
+                contender.name,
+                us(found.latency.median),
+                us(found.latency.p99),
+                ratio(found.latency.median, base),
+                str(found.handoffs),
+            ]
+        )
+    say(
+        f"Handoff: {WAITERS} waiting threads, one key; from the holder's release() call to the "
+        "next holder's acquisition:"
+    )
+    say(table(["", "median", "p99", f"x {reference}", "handoffs"], rows))
+    say()
+
+
+def section_renewal(
+    results: dict[str, Any], backend: str, options: dict[str, Any], plan: Plan
+) -> None:
+    from benchmarks.counting import CountingStore
+    from django_locks import Locks
+
+    store = CountingStore(backend=backend, options=options)
+    locks = Locks(store, ttl=plan.renewal_ttl)
+    period = plan.renewal_ttl / 3
+    started = time.perf_counter()
+    held = []
+    for index in range(RENEWAL_LOCKS):
+        lock = locks.acquire(f"bench:renewal:{index}")
+        if lock is None:
+            raise RuntimeError("a renewal benchmark key was taken")
+        held.append(lock)
+    acquired_in = time.perf_counter() - started
+    time.sleep(period * plan.renewal_settle_periods)
+    store.reset()
+    time.sleep(period * plan.renewal_periods)
+    round_trips = store.calls("renew", "renew_many")
+    renewed = store.renewed
+    batches = list(store.batch_seconds)
+    lost = sum(not lock.held for lock in held)
+    for lock in held:
+        lock.release()
+    store.close()
+    per_period = round_trips / plan.renewal_periods
+    figures = {
+        "locks": RENEWAL_LOCKS,
+        "ttl_s": plan.renewal_ttl,
+        "periods": plan.renewal_periods,
+        "round_trips": round_trips,
+        "round_trips_per_period": per_period,
+        "leases_renewed_per_period": renewed / plan.renewal_periods,
+        "batch_median_ms": round(sorted(batches)[len(batches) // 2] * 1e3, 2) if batches else None,
+        "lost": lost,
+    }
+    results["renewal"] = figures
+    say(
+        f"Renewal: {RENEWAL_LOCKS:,} locks held by one process (ttl {plan.renewal_ttl:g}s, renewed "
+        f"every {period:g}s; acquired in {acquired_in:.2f}s), counted over "
+        f"{plan.renewal_periods} periods:"
+    )
+    batch = f"{figures['batch_median_ms']} ms" if batches else "-"
+    say(
+        table(
+            ["round trips / period", "leases renewed / period", "one renew_many", "lost"],
+            [[f"{per_period:g}", f"{figures['leases_renewed_per_period']:g}", batch, str(lost)]],
+        )
+    )
+    say()
+
+
+def section_owner_check(
+    results: dict[str, Any], name: str, backend: str, options: dict[str, Any], plan: Plan
+) -> None:
+    from django.test import override_settings
+
+    from django_locks import locks, on_one_instance
+    from django_locks.decorators import release_owner_leases
+
+    config = {
+        "BACKEND": "benchmarks.counting.CountingStore",
+        "OPTIONS": {"backend": backend, "options": options},
+    }
+    with override_settings(LOCKS=config):
+
+        def bare() -> None:
+            return None
+
+        job = on_one_instance(key=f"bench:{name}:owner-check")(bare)
+        job()  # takes the sticky owner lease: one acquire
+        store = locks.store
+        taken = store.calls("acquire")  # type: ignore[attr-defined]
+        store.reset()  # type: ignore[attr-defined]
+        me = threading.get_ident()
+        for _ in range(plan.owner_calls):
+            job()
+        calls = store.calls(thread=me)  # type: ignore[attr-defined]
+        repeat = 5
+        number = max(plan.owner_calls // repeat, 100)
+        decorated = best_of(repeat, number, job)
+        plain = best_of(repeat, number, bare)
+        release_owner_leases()
+    overhead = decorated - plain
+    results["owner_check"] = {
+        "first_call_acquires": taken,
+        "calls": plan.owner_calls,
+        "store_calls": calls,
+        "decorated_us": round(decorated * 1e6, 3),
+        "plain_us": round(plain * 1e6, 3),
+        "overhead_us": round(overhead * 1e6, 3),
+    }
+    say(
+        f"Owner check of an on_one_instance job that holds its lease ({plan.owner_calls:,} calls, "
+        "counted through a counting store):"
+    )
+    say(
+        table(
+            ["store calls", "decorated call", "plain call", "decorator overhead"],
+            [[str(calls), us(decorated), us(plain), f"{overhead * 1e6:.2f} us"]],
+        )
+    )
+    say()
+
+
+# The stores.
+
+
+def run_redis(server: Any, plan: Plan) -> dict[str, Any]:
+    from django_locks import Locks
+    from django_locks.stores import RedisStore
+
+    results: dict[str, Any] = {"latency": {}, "throughput": {}, "handoff": {}}
+    with server.client() as client:
+        info = client.info("server")
+    results["server"] = {"redis_version": info["redis_version"], "appendonly": "no"}
+    say(f"== Redis {info['redis_version']} (appendonly no, no snapshots) ==")
+    say()
+    locks = Locks(RedisStore(url=server.url))
+    ours = contenders.django_locks("django_locks", locks)
+    floor = contenders.redis_floor(server.url)
+    peers, missing = contenders.redis_peers(server.url)
+    results["peers_missing"] = missing
+    for name in missing:
+        say(f"({name}: not installed; pip install {name})")
+    store_calls = contenders.store_calls(STORE_CALLS, locks.store)
+    section_latency(results, floor, [ours, store_calls, *peers], plan.block_redis, plan)
+    say(f"  ({STORE_CALLS.strip()}: RedisStore.acquire + release without the Lock object.)")
+    say()
+    section_throughput(results, [floor, ours, *peers], plan)
+    by_name = {peer.name: peer for peer in peers}
+    entries = [(ours, False)]
+    if "python-redis-lock" in by_name:
+        entries.append((by_name["python-redis-lock"], False))
+    entries.append((by_name["redis-py Lock"], True))
+    reference = "python-redis-lock" if "python-redis-lock" in by_name else ours.name
+    section_handoff(results, entries, reference, plan)
+    section_renewal(results, "django_locks.stores.RedisStore", {"url": server.url}, plan)
+    section_owner_check(
+        results, "redis", "django_locks.stores.RedisStore", {"url": server.url}, plan
+    )
+    locks.store.close()
+
+    environment.make_redis_durable(server)
+    results["durable"] = {}
+    locks = Locks(RedisStore(url=server.url))
+    durable = {"latency": results["durable"]}
+    say("-- The same server with appendonly yes, appendfsync always (what fencing asks for) --")
+    section_latency(
+        durable,
+        floor,
+        [contenders.django_locks("django_locks", locks), by_name["redis-py Lock"]],
+        plan.block_postgres,
+        plan,
+    )
+    locks.store.close()
+    return results
+
+
+def run_postgres(server: Any, plan: Plan) -> dict[str, Any]:
+    from django_locks import Locks
+    from django_locks.stores import DatabaseStore
+
+    results: dict[str, Any] = {"latency": {}, "throughput": {}, "handoff": {}}
+    dsn = {
+        "host": "127.0.0.1",
+        "port": server.port,
+        "user": "postgres",
+        "dbname": environment.DATABASE,
+    }
+    contenders.pg_setup(dsn)
+    shown = environment.postgres_settings(server)
+    results["server"] = shown
+    say(
+        f"== PostgreSQL {shown['server_version']} (fsync {shown['fsync']}, synchronous_commit "
+        f"{shown['synchronous_commit']}, full_page_writes {shown['full_page_writes']}, "
+        f"wal_sync_method {shown['wal_sync_method']}) =="
+    )
+    say()
+    conn, select_one = contenders.select_one(dsn)
+    write_conn = contenders.pg_connect(dsn)
+
+    def one_write() -> None:
+        write_conn.execute(contenders.FLOOR_WRITE, (63,)).fetchone()
+
+    single = latencies(
+        {"SELECT 1": select_one, "one committed UPDATE": one_write},
+        rounds=plan.rounds,
+        block=plan.block_postgres,
+        warmup=plan.warmup,
+    )
+    conn.close()
+    write_conn.close()
+    results["round_trip"] = {name: value.as_dict() for name, value in single.items()}
+    say("One round trip:")
+    say(
+        table(
+            ["", "median", "p99"],
+            [[name, us(value.median), us(value.p99)] for name, value in single.items()],
+        )
+    )
+    say()
+    locks = Locks(DatabaseStore("default"))
+    prepared = Locks(DatabaseStore(environment.PREPARED_ALIAS, listen_using=False))
+    ours = contenders.django_locks("django_locks", locks)
+    floor = contenders.postgres_floor(dsn)
+    advisory, raw = contenders.postgres_peers(dsn)
+    entries = [
+        ours,
+        contenders.store_calls(STORE_CALLS, locks.store),
+        contenders.django_locks(PREPARED, prepared),
+        advisory,
+        raw,
+    ]
+    section_latency(results, floor, entries, plan.block_postgres, plan)
+    say(
+        f"  ({STORE_CALLS.strip()}: DatabaseStore.acquire + release without the Lock object;\n"
+        f"   {PREPARED.strip()}: django_locks on an alias whose OPTIONS set\n"
+        "   server_side_binding=True, prepare_threshold=5, so psycopg 3 prepares the store's\n"
+        "   statements: possible on a direct connection only, not behind PgBouncer < 1.21.)"
+    )
+    say()
+    section_throughput(results, [floor, ours, advisory, raw], plan)
+    blocking = Contender("pg_advisory_lock (blocking)", advisory.open)
+    section_handoff(results, [(ours, False), (raw, False), (blocking, False)], raw.name, plan)
+    section_renewal(results, "django_locks.stores.DatabaseStore", {"using": "default"}, plan)
+    section_owner_check(
+        results, "postgres", "django_locks.stores.DatabaseStore", {"using": "default"}, plan
+    )
+    locks.store.close()
+    prepared.store.close()
+    return results
+
+
+# Against the goals of issue 10.
+
+GOALS = [
+    ("postgres", "acquire+release <= 1.15x two committed writes"),
+    ("redis", "acquire+release <= 1.2x two PINGs"),
+    ("redis", "handoff median <= python-redis-lock's"),
+    ("postgres", "handoff median <= 1.2x a raw LISTEN/NOTIFY lease"),
+    ("postgres", "1,000 held locks: <= 2 round trips per renewal period"),
+    ("redis", "1,000 held locks: <= 2 round trips per renewal period"),
+    ("postgres", "owner check: 0 round trips, decorator overhead < 10 us"),
+    ("redis", "owner check: 0 round trips, decorator overhead < 10 us"),
+]
+
+
+def verdicts(results: dict[str, Any]) -> list[dict[str, Any]]:
+    found = []
+    for store, goal in GOALS:
+        figures = results.get(store)
+        if not figures:
+            continue
+        if goal.startswith("acquire"):
+            limit = 1.15 if store == "postgres" else 1.2
+            value = figures["latency"]["django_locks"]["ratio_to_floor"]
+            met, shown = value <= limit, f"{value:.2f}x"
+        elif goal.startswith("handoff"):
+            entry = figures["handoff"]["django_locks"]
+            limit = 1.2 if store == "postgres" else 1.0
+            value = entry["ratio_to_reference"]
+            met, shown = value <= limit, f"{value:.2f}x ({entry['median_us']:g} us)"
+        elif "renewal" in goal:
+            value = figures["renewal"]["round_trips_per_period"]
+            met = value <= 2 and figures["renewal"]["lost"] == 0
+            shown = f"{value:g} (lost {figures['renewal']['lost']})"
+        else:
+            check = figures["owner_check"]
+            met = check["store_calls"] == 0 and check["overhead_us"] < 10
+            shown = f"{check['store_calls']} calls, {check['overhead_us']:.2f} us"
+        found.append({"store": store, "goal": goal, "measured": shown, "met": met})
+    return found
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "load_average": [round(value, 2) for value in os.getloadavg()],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="tiny iteration counts (smoke test)")
+    parser.add_argument("--json", metavar="FILE", help="also write every figure to FILE")
+    parser.add_argument(
+        "--store",
+        action="append",
+        choices=["postgres", "redis"],
+        help="measure this store only (repeatable; default: both)",
+    )
+    args = parser.parse_args(argv)
+    plan = QUICK if args.quick else Plan()
+    stores = set(args.store or ["postgres", "redis"])
+    results: dict[str, Any] = {"machine": machine(), "quick": args.quick}
+    info = results["machine"]
+    say(
+        "django_locks benchmarks"
+        + (" (--quick: tiny counts, the times mean nothing)" if args.quick else "")
+    )
+    say(
+        f"{info['date']}; Python {info['python']} on {info['platform']}, {info['cpus']} CPUs, "
+        f"load average {' '.join(map(str, info['load_average']))}"
+    )
+    say()
+    try:
+        with environment.servers(stores) as servers:
+            environment.configure_django(servers.get("postgres"))
+            if "postgres" in servers:
+                results["postgres"] = run_postgres(servers["postgres"], plan)
+            if "redis" in servers:
+                results["redis"] = run_redis(servers["redis"], plan)
+    except environment.Unavailable as exc:
+        say(f"Cannot run: {exc}")
+        return 2
+    results["goals"] = verdicts(results)
+    say("== Against the goals of issue 10 ==")
+    say(
+        table(
+            ["store", "goal", "measured", ""],
+            [
+                [v["store"], v["goal"], v["measured"], "met" if v["met"] else "MISSED"]
+                for v in results["goals"]
+            ],
+            left=3,
+        )
+    )
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(results, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,89 @@
+"""The benchmark command works: ``python -m benchmarks --quick`` runs end to end.
+
+Only counts are asserted (round trips, store calls), never a time: the figures of a run with tiny
+iteration counts on a busy machine mean nothing, and speed is shown by the benchmark's output.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.servers import missing
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
+
+ROOT = Path(__file__).resolve().parent.parent
+PEERS = {"python-redis-lock": "redis_lock", "pottery": "pottery"}
+
+
+def test_quick_run_prints_every_section_and_the_counted_figures(tmp_path: Path) -> None:
+    figures = tmp_path / "figures.json"
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--json", str(figures)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    if run.returncode == 2 and "Cannot run" in run.stdout:
+        missing(run.stdout.strip().splitlines()[-1])
+    assert run.returncode == 0, run.stdout + run.stderr
+    out = run.stdout
+    for heading in (
+        "== PostgreSQL",
+        "== Redis",
+        "Uncontended acquire + release",
+        "Throughput:",
+        "Handoff:",
+        "Renewal: 1,000 locks",
+        "Owner check",
+        "== Against the goals of issue 10 ==",
+    ):
+        assert heading in out, heading
+    results = json.loads(figures.read_text())
+    assert results["postgres"]["server"]["fsync"] == "on"
+    assert results["postgres"]["server"]["synchronous_commit"] == "on"
+    installed = {name for name, module in PEERS.items() if importlib.util.find_spec(module)}
+    expected = {
+        "postgres": {
+            "floor: 2 x committed UPDATE",
+            "django_locks",
+            "advisory lock (psycopg)",
+            "raw LISTEN/NOTIFY lease",
+        },
+        "redis": {"floor: 2 x PING", "django_locks", "redis-py Lock"}
+        | ({"python-redis-lock"} & installed)
+        | ({"pottery Redlock"} if "pottery" in installed else set()),
+    }
+    for store, names in expected.items():
+        figures_of = results[store]
+        assert names <= set(figures_of["latency"]), store
+        assert names <= set(figures_of["throughput"]), store
+        for name in names:
+            assert set(figures_of["throughput"][name]) == {"1", "4", "16"}
+        assert figures_of["handoff"]["django_locks"]["handoffs"] >= 5
+        # Counted, not timed: 1,000 held locks renewed in at most 2 round trips per period,
+        # none lost; the owner check of a held lease makes no store call at all.
+        renewal = figures_of["renewal"]
+        assert renewal["locks"] == 1000
+        assert renewal["round_trips_per_period"] <= 2
+        assert renewal["round_trips"] >= 1
+        assert renewal["leases_renewed_per_period"] * renewal["periods"] >= 1000
+        assert renewal["lost"] == 0
+        owner = figures_of["owner_check"]
+        assert owner["first_call_acquires"] == 1
+        assert owner["store_calls"] == 0
+    missing_peers = set(PEERS) - installed
+    assert set(results["redis"]["peers_missing"]) == missing_peers
+    for name in missing_peers:
+        assert f"({name}: not installed" in out
+    assert len(results["goals"]) == 8
