@@ -6,6 +6,7 @@ Built on the test suite's own server classes (tests/servers/); nothing here depe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -100,15 +101,21 @@ class Servers:
         return self.pgbouncer
 
     def pause_postgres(self, paused: bool) -> None:
-        """SIGSTOP / SIGCONT every process of the cluster (its own process group)."""
+        """SIGSTOP / SIGCONT every process of the cluster: the postmaster first (no new
+        backends), then its children. Each backend calls setsid(), so the postmaster's process
+        group does not hold them."""
         assert self.postgres is not None
-        os.killpg(self.postgres.postmaster_pid, signal.SIGSTOP if paused else signal.SIGCONT)
+        postmaster = self.postgres.postmaster_pid
+        pids = [postmaster, *_children(postmaster)]
+        for pid in pids if paused else reversed(pids):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP if paused else signal.SIGCONT)
 
     def restart_postgres(self) -> None:
         """Immediate shutdown (SIGQUIT: no checkpoint, crash recovery at start), then start."""
         pg = self.postgres
         assert pg is not None and pg.process is not None
-        os.killpg(pg.postmaster_pid, signal.SIGCONT)
+        self.pause_postgres(False)
         pg.process.send_signal(signal.SIGQUIT)
         pg.process.wait(timeout=30)
         with open(pg.log, "ab") as log:
@@ -130,6 +137,16 @@ class Servers:
         if self.postgres is not None:
             self.postgres.destroy()
             self.postgres = None
+
+
+def _children(pid: int) -> list[int]:
+    children: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            children += [int(child) for child in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return children
 
 
 def start_redis(appendfsync: str = "always") -> RedisServer:
