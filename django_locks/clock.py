@@ -40,6 +40,13 @@ class TimerHandle:
 
     def cancel(self) -> None:
         self.cancelled = True
+        # A cancelled timer may wait in the heap until its time; it must not keep what its
+        # callback refers to (a released lock's whole renewal state) alive until then.
+        self.callback = _cancelled
+
+
+def _cancelled() -> None:
+    """The callback of a cancelled timer (never called)."""
 
 
 class Clock:
