@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import os
 import random
 import threading
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -203,14 +204,14 @@ class Locks:
     ) -> tuple[int, float]:
         validate_key(key)
         ttl_ms = self.ttl_ms if ttl is None else _lock_ttl(ttl)
-        wait_s = to_milliseconds(wait, name="wait", allow_zero=True) / 1000
+        wait_s = 0.0 if wait == 0 else to_milliseconds(wait, name="wait", allow_zero=True) / 1000
         if signal is not None and not isinstance(signal, AbortSignal):
             raise TypeError(f"`signal` must be an AbortSignal or None, got {signal!r}")
         return ttl_ms, wait_s
 
     def _try(self, key: str, ttl_ms: int) -> Lock | None:
         """One acquire round trip with a fresh owner id."""
-        owner = uuid.uuid4().hex
+        owner = _new_owner()
         sent = self.clock.monotonic()
         # The call may take no longer than the lease it asks for would be valid.
         timeout = ttl_ms / 1000 * (1 - DRIFT) - MARGIN
@@ -329,6 +330,34 @@ class LockBlock:
             if exc_type is None:
                 raise
             logger.warning("Releasing lock %r failed", self._key, exc_info=True)
+
+
+class _Owners:
+    """Owner ids: unique across processes (a random prefix) and in one (a counter), without a
+    system call per lock. A forked child draws a prefix of its own: it must never reuse the
+    parent's ids, or it could "re-acquire" the parent's leases idempotently."""
+
+    def __init__(self) -> None:
+        self.prefix = os.urandom(8).hex()
+        self.counter = itertools.count()
+
+    def new(self) -> str:
+        return f"{self.prefix}{next(self.counter):016x}"
+
+
+_owners = _Owners()
+
+
+def _new_owner() -> str:
+    return _owners.new()
+
+
+def _renew_owners_after_fork() -> None:
+    global _owners
+    _owners = _Owners()
+
+
+os.register_at_fork(after_in_child=_renew_owners_after_fork)
 
 
 def _lock_ttl(ttl: Duration) -> int:

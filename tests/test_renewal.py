@@ -248,6 +248,8 @@ def test_after_fork_the_child_does_not_hold_the_parents_locks_and_renews_its_own
             time.sleep(1.0)
             if child_lock is None or not child_lock.held:
                 code = 4
+            elif child_lock.owner[:16] == parent_lock.owner[:16]:
+                code = 7  # the child must never reuse the parent's owner ids
         except BaseException:
             code = 5
         os._exit(code)

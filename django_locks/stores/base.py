@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import os
+import socket
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
@@ -141,3 +143,16 @@ class LockStore:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__}>"
+
+
+_HOLDER: tuple[int, str] = (0, "")
+
+
+def holder_name() -> str:
+    """``host:pid`` of this process, as stores record a lease's holder for people reading the
+    admin (looked up once per process: ``gethostname()`` is a system call)."""
+    global _HOLDER
+    pid = os.getpid()
+    if _HOLDER[0] != pid:
+        _HOLDER = (pid, f"{socket.gethostname()}:{pid}")
+    return _HOLDER[1]

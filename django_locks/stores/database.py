@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -17,7 +16,7 @@ from django.utils.dateparse import parse_datetime
 
 from django_locks.durations import Duration, to_seconds
 from django_locks.exceptions import StoreError
-from django_locks.stores.base import LeaseInfo, LeaseState, LockStore
+from django_locks.stores.base import LeaseInfo, LeaseState, LockStore, holder_name
 from django_locks.stores.database_connections import Pools, register
 from django_locks.stores.database_listener import CHANNEL, Listener
 
@@ -222,12 +221,12 @@ class DatabaseStore(LockStore):
         self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None
     ) -> int | None:
         def pg(cursor: Any) -> int | None:
-            cursor.execute(PG_ACQUIRE, (key, owner, _holder(), ttl_ms, ttl_ms))
+            cursor.execute(PG_ACQUIRE, (key, owner, holder_name(), ttl_ms, ttl_ms))
             row = cursor.fetchone()
             return None if row is None else int(row[0])
 
         def sqlite(cursor: Any) -> int | None:
-            cursor.execute(SQLITE_ACQUIRE, (key, owner, _holder(), _sqlite_offset(ttl_ms)))
+            cursor.execute(SQLITE_ACQUIRE, (key, owner, holder_name(), _sqlite_offset(ttl_ms)))
             if cursor.rowcount != 1:
                 return None
             token = int(cursor.execute(SQLITE_TOKEN, (key,)).fetchone()[0])
@@ -451,15 +450,3 @@ def _datetime(value: Any) -> datetime.datetime | None:
 
 def _sqlite_offset(ttl_ms: int) -> str:
     return f"+{ttl_ms / 1000:.3f} seconds"
-
-
-_HOLDER: tuple[int, str] = (0, "")
-
-
-def _holder() -> str:
-    """``host:pid`` of this process, for people reading the admin."""
-    global _HOLDER
-    pid = os.getpid()
-    if _HOLDER[0] != pid:
-        _HOLDER = (pid, f"{socket.gethostname()}:{pid}")
-    return _HOLDER[1]

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import os
-import socket
 import threading
 import time
 from collections.abc import Sequence
 
 from django_locks.clock import Clock
-from django_locks.stores.base import LeaseInfo, LockStore
+from django_locks.stores.base import LeaseInfo, LockStore, holder_name
 
 
 @dataclasses.dataclass
@@ -64,7 +62,7 @@ class InMemoryStore(LockStore):
             token = previous.token + 1 if previous is not None else 1
             self._leases[key] = _Lease(
                 owner=owner,
-                holder=f"{socket.gethostname()}:{os.getpid()}",
+                holder=holder_name(),
                 token=token,
                 acquired_at=datetime.datetime.now(datetime.UTC),
                 expires_at=now + ttl_ms / 1000,

@@ -18,7 +18,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from django_locks.durations import Duration, to_seconds
 from django_locks.exceptions import StoreError, StoreTimeoutError
-from django_locks.stores.base import LeaseInfo, LockStore
+from django_locks.stores.base import LeaseInfo, LockStore, holder_name
 
 try:
     import redis
@@ -268,8 +268,7 @@ class RedisStore(LockStore):
     def acquire(
         self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None
     ) -> int | None:
-        holder = f"{socket.gethostname()}:{os.getpid()}"
-        result = self._eval("acquire", key, (owner, ttl_ms, holder, key), timeout)
+        result = self._eval("acquire", key, (owner, ttl_ms, holder_name(), key), timeout)
         return None if result is None else int(result)
 
     def renew(self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None) -> bool:
