@@ -350,8 +350,8 @@ def test_pytest_django_run_on_each_driver_drops_its_test_database_cleanly(driver
 
 
 def test_connections_use_the_expected_database_driver(store):
+    # The per-driver runs name the driver they forced; the main run accepts either.
     expected = os.environ.get("DJANGO_LOCKS_EXPECT_DRIVER")
-    if expected is None:
-        pytest.skip("only checked in the per-driver runs")
     store.acquire(key(), "owner", 1_000)
-    assert type(store._pools.state.local.conn.raw).__module__.split(".")[0] == expected
+    driver = type(store._pools.state.local.conn.raw).__module__.split(".")[0]
+    assert driver == expected if expected else driver in {"psycopg", "psycopg2"}
