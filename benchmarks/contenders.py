@@ -109,18 +109,25 @@ class PingSession:
         pass
 
 
-class RedisPyLockSession:
-    """redis-py's ``Lock`` (SET NX PX, a Lua release; waiting polls every ``sleep`` seconds)."""
+class PeerLockSession:
+    """A peer library's lock objects, one per key, made once: subclasses say how to make one
+    (``make``) and how it waits (``wait``); acquiring, releasing and the pair are the same."""
 
-    def __init__(self, client: Any, sleep: float) -> None:
+    def __init__(self, client: Any) -> None:
         self.client = client
-        self.sleep = sleep
         self.locks: dict[str, Any] = {}
+
+    def make(self, key: str) -> Any:
+        raise NotImplementedError
+
+    def wait(self, lock: Any) -> bool:
+        """Acquire ``lock``, waiting up to ``EXPIRY_S``; whether it was acquired."""
+        raise NotImplementedError
 
     def _lock(self, key: str) -> Any:
         lock = self.locks.get(key)
         if lock is None:
-            lock = self.locks[key] = self.client.lock(key, timeout=EXPIRY_S, sleep=self.sleep)
+            lock = self.locks[key] = self.make(key)
         return lock
 
     def pair(self, key: str) -> None:
@@ -131,7 +138,7 @@ class RedisPyLockSession:
 
     def acquire(self, key: str) -> Any:
         lock = self._lock(key)
-        if not lock.acquire(blocking=True, blocking_timeout=EXPIRY_S):
+        if not self.wait(lock):
             raise RuntimeError(f"{key!r} stayed taken")
         return lock
 
@@ -142,76 +149,50 @@ class RedisPyLockSession:
         pass
 
 
-class RedisLockSession:
+class RedisPyLockSession(PeerLockSession):
+    """redis-py's ``Lock`` (SET NX PX, a Lua release; waiting polls every ``sleep`` seconds)."""
+
+    def __init__(self, client: Any, sleep: float) -> None:
+        super().__init__(client)
+        self.sleep = sleep
+
+    def make(self, key: str) -> Any:
+        return self.client.lock(key, timeout=EXPIRY_S, sleep=self.sleep)
+
+    def wait(self, lock: Any) -> bool:
+        return bool(lock.acquire(blocking=True, blocking_timeout=EXPIRY_S))
+
+
+class RedisLockSession(PeerLockSession):
     """python-redis-lock (SET NX EX; a release pushes to a signal list waiters BLPOP on)."""
 
     def __init__(self, client: Any) -> None:
         import redis_lock  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
+        super().__init__(client)
         self.module = redis_lock
-        self.client = client
-        self.locks: dict[str, Any] = {}
 
-    def _lock(self, key: str) -> Any:
-        lock = self.locks.get(key)
-        if lock is None:
-            lock = self.locks[key] = self.module.Lock(self.client, key, expire=EXPIRY_S)
-        return lock
+    def make(self, key: str) -> Any:
+        return self.module.Lock(self.client, key, expire=EXPIRY_S)
 
-    def pair(self, key: str) -> None:
-        lock = self._lock(key)
-        if not lock.acquire(blocking=False):
-            raise RuntimeError(f"{key!r} was taken")
-        lock.release()
-
-    def acquire(self, key: str) -> Any:
-        lock = self._lock(key)
-        if not lock.acquire(blocking=True, timeout=EXPIRY_S):
-            raise RuntimeError(f"{key!r} stayed taken")
-        return lock
-
-    def release(self, handle: Any) -> None:
-        handle.release()
-
-    def close(self) -> None:
-        pass
+    def wait(self, lock: Any) -> bool:
+        return bool(lock.acquire(blocking=True, timeout=EXPIRY_S))
 
 
-class RedlockSession:
+class RedlockSession(PeerLockSession):
     """pottery's ``Redlock`` on one master (waiting polls with a random sleep)."""
 
     def __init__(self, client: Any) -> None:
         from pottery import Redlock
 
-        self.make = Redlock
-        self.client = client
-        self.locks: dict[str, Any] = {}
+        super().__init__(client)
+        self.redlock = Redlock
 
-    def _lock(self, key: str) -> Any:
-        lock = self.locks.get(key)
-        if lock is None:
-            lock = self.locks[key] = self.make(
-                key=key, masters={self.client}, auto_release_time=EXPIRY_S
-            )
-        return lock
+    def make(self, key: str) -> Any:
+        return self.redlock(key=key, masters={self.client}, auto_release_time=EXPIRY_S)
 
-    def pair(self, key: str) -> None:
-        lock = self._lock(key)
-        if not lock.acquire(blocking=False):
-            raise RuntimeError(f"{key!r} was taken")
-        lock.release()
-
-    def acquire(self, key: str) -> Any:
-        lock = self._lock(key)
-        if not lock.acquire(timeout=EXPIRY_S):
-            raise RuntimeError(f"{key!r} stayed taken")
-        return lock
-
-    def release(self, handle: Any) -> None:
-        handle.release()
-
-    def close(self) -> None:
-        pass
+    def wait(self, lock: Any) -> bool:
+        return bool(lock.acquire(timeout=EXPIRY_S))
 
 
 def redis_peers(url: str) -> tuple[list[Contender], list[str]]:
