@@ -250,7 +250,7 @@ def test_script_flush_mid_run_costs_no_failed_operation(redis_server):
     assert errors == []
     assert flushes >= 20 and done["ops"] > 300, (flushes, done)
     with redis_server.client() as client:
-        assert client.info("stats")["total_error_replies"] >= 0  # the server is still fine
+        assert client.ping()  # the server is still up after the flushes
 
 
 # Connections: bounded, timeouts, errors, fork.
