@@ -24,7 +24,8 @@ class AbortSignal:
     """
 
     def __init__(self) -> None:
-        self._event = threading.Event()
+        # Made by the first wait(): most locks are released without anyone blocking on theirs.
+        self._event: threading.Event | None = None
         self._mutex = threading.Lock()
         self._callbacks: list[Callback] = []
         self._reason: BaseException | None = None
@@ -36,7 +37,7 @@ class AbortSignal:
     @property
     def aborted(self) -> bool:
         """Whether the signal was aborted."""
-        return self._event.is_set()
+        return self._reason is not None
 
     @property
     def reason(self) -> BaseException | None:
@@ -50,7 +51,13 @@ class AbortSignal:
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until aborted or ``timeout`` seconds passed; return :attr:`aborted`."""
-        return self._event.wait(timeout)
+        with self._mutex:
+            if self._reason is not None:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(timeout)
 
     async def wait_async(self, timeout: float | None = None) -> bool:
         """Like :meth:`wait` without blocking the event loop; return :attr:`aborted`."""
@@ -81,7 +88,7 @@ class AbortSignal:
         Callbacks of a lock's signal run off the renewal thread; a failing callback is logged.
         """
         with self._mutex:
-            if not self._event.is_set():
+            if self._reason is None:
                 self._callbacks.append(fn)
                 return
         _run_callback(fn, self)
@@ -95,10 +102,11 @@ class AbortSignal:
     def _set(self, reason: BaseException | None) -> list[Callback]:
         """Mark aborted at once; return the callbacks still to run (empty if already aborted)."""
         with self._mutex:
-            if self._event.is_set():
+            if self._reason is not None:
                 return []
             self._reason = reason if reason is not None else AbortedError("aborted")
-            self._event.set()
+            if self._event is not None:
+                self._event.set()
             callbacks, self._callbacks = self._callbacks, []
         return callbacks
 

@@ -13,6 +13,7 @@ import asyncio
 import heapq
 import itertools
 import logging
+import math
 import os
 import queue
 import sys
@@ -31,18 +32,23 @@ Task = Callable[[], object]
 class TimerHandle:
     """A scheduled call; :meth:`cancel` stops it if it has not run yet."""
 
-    __slots__ = ("callback", "cancelled", "when")
+    __slots__ = ("callback", "cancelled", "on_cancel", "when")
 
-    def __init__(self, when: float, callback: Task) -> None:
+    def __init__(self, when: float, callback: Task, on_cancel: Task | None = None) -> None:
         self.when = when
         self.callback = callback
         self.cancelled = False
+        self.on_cancel = on_cancel
 
     def cancel(self) -> None:
+        if self.cancelled:
+            return
         self.cancelled = True
         # A cancelled timer may wait in the heap until its time; it must not keep what its
         # callback refers to (a released lock's whole renewal state) alive until then.
         self.callback = _cancelled
+        if self.on_cancel is not None:
+            self.on_cancel()
 
 
 def _cancelled() -> None:
@@ -77,45 +83,68 @@ class Clock:
 
 
 class _TimerThread:
-    """A heap of timers served by one daemon thread."""
+    """A heap of timers served by one daemon thread.
+
+    Waking the thread costs the caller a thread switch, so a new timer wakes it only when it
+    falls due before the time the thread sleeps until. Cancelled timers (every released lock
+    leaves one) stay in the heap: the thread drops those falling due within ``SWEEP`` seconds
+    each time it wakes, and sleeps until the next timer, cancelled or not. Dropping every
+    cancelled one at once would leave the heap empty after each released lock, and the next
+    lock's timer would wake the thread again: one switch per lock. When cancelled timers make
+    up most of a large heap, ``call_at`` rebuilds it without them.
+    """
+
+    SWEEP = 1.0
+    COMPACT_AT = 4096
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._heap: list[tuple[float, int, TimerHandle]] = []
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
+        self._wake_at = math.inf  # when the thread wakes by itself
+        self._cancelled = 0  # cancelled timers still in the heap (approximately)
 
     def call_at(self, when: float, callback: Task) -> TimerHandle:
-        handle = TimerHandle(when, callback)
+        handle = TimerHandle(when, callback, self._count_cancelled)
         with self._cond:
+            if self._cancelled > self.COMPACT_AT and self._cancelled * 2 > len(self._heap):
+                self._heap = [entry for entry in self._heap if not entry[2].cancelled]
+                heapq.heapify(self._heap)
+                self._cancelled = 0
             heapq.heappush(self._heap, (when, next(self._seq), handle))
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="django_locks-timer", daemon=True
                 )
                 self._thread.start()
-            elif self._heap[0][2] is handle:
-                # Wake the thread only when this timer is due before the one it waits for:
-                # most timers (a renewal, a deadline) fall due after others, and a wake-up per
-                # acquire costs the caller a thread switch.
+            elif when < self._wake_at:
+                self._wake_at = when
                 self._cond.notify()
         return handle
+
+    def _count_cancelled(self) -> None:
+        self._cancelled += 1  # a heuristic: a lost update under a race only delays a rebuild
 
     def _run(self) -> None:
         while True:
             with self._cond:
                 while True:
-                    # Cancelled timers (every released lock leaves two) are dropped unseen,
-                    # so the thread sleeps until the next live one instead of waking for each.
-                    while self._heap and self._heap[0][2].cancelled:
-                        heapq.heappop(self._heap)
-                    if self._heap and self._heap[0][0] <= time.monotonic():
+                    now = time.monotonic()
+                    heap = self._heap
+                    while heap and heap[0][2].cancelled and heap[0][0] <= now + self.SWEEP:
+                        heapq.heappop(heap)
+                        self._cancelled -= 1
+                    if heap and heap[0][0] <= now:
                         break
-                    delay = self._heap[0][0] - time.monotonic() if self._heap else None
-                    self._cond.wait(delay)
-                _, _, handle = heapq.heappop(self._heap)
-            if handle.cancelled:
-                continue
+                    self._wake_at = heap[0][0] if heap else math.inf
+                    self._cond.wait(self._wake_at - now if heap else None)
+                _, _, handle = heapq.heappop(heap)
+                self._wake_at = -math.inf  # awake: nobody needs to wake it
+                if handle.cancelled:
+                    self._cancelled -= 1
+                    continue
+                handle.on_cancel = None  # out of the heap: its cancel no longer counts
             try:
                 handle.callback()
             except Exception:

@@ -63,8 +63,7 @@ class Keeper:
         self.state: State = "held"
         self.deadline = 0.0
         self._mutex = threading.RLock()
-        self._renew_timer: TimerHandle | None = None
-        self._deadline_timer: TimerHandle | None = None
+        self._timer: TimerHandle | None = None  # at the next renewal, then at the deadline
         self._renew_at = 0.0  # when the next renewal falls due
         self._due = False  # its renewal fell due and has not been sent yet
         self._in_flight = False  # a renewal of it is being sent
@@ -83,43 +82,37 @@ class Keeper:
         """The store confirmed the acquire or renewal sent at ``sent``: move the deadline."""
         self.deadline = sent + self.ttl * (1 - DRIFT) - MARGIN
         self._due = False
-        self._cancel_timers()
-        self._deadline_timer = self.clock.call_at(self.deadline, self._on_deadline)
         self._schedule_renewal(sent + self.ttl / 3)
 
     def _schedule_renewal(self, when: float) -> None:
+        """One timer per lock: at its next renewal, and once that fell due, at its deadline."""
         self._renew_at = when
-        self._renew_timer = self.clock.call_at(when, self._on_renew_due)
+        self._set_timer(min(when, self.deadline))
 
-    def _cancel_renewal(self) -> None:
-        if self._renew_timer is not None:
-            self._renew_timer.cancel()
-            self._renew_timer = None
+    def _set_timer(self, when: float) -> None:
+        self._cancel_timer()
+        self._timer = self.clock.call_at(when, self._on_timer)
 
-    def _cancel_timers(self) -> None:
-        for timer in (self._renew_timer, self._deadline_timer):
-            if timer is not None:
-                timer.cancel()
-        self._renew_timer = self._deadline_timer = None
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
-    def _on_deadline(self) -> None:
+    def _on_timer(self) -> None:
         with self._mutex:
-            if self.state != "held" or self.clock.monotonic() < self.deadline:
-                return
-            announce = self._lose("deadline")
-        announce()
-
-    def _on_renew_due(self) -> None:
-        with self._mutex:
-            if self.state != "held":
-                return
             now = self.clock.monotonic()
+            timer = self._timer
+            if self.state != "held" or (timer is not None and timer.when > now):
+                return  # released, or a timer replaced just as it fell due
             if now >= self.deadline:
                 # A deadline already passed wins: a process waking from a pause reports the loss
                 # before it sends anything.
                 announce = self._lose("deadline")
             else:
-                self._renew_timer = None
+                # The deadline stands while the renewal is out (or waits for its batch).
+                self._timer = self.clock.call_at(self.deadline, self._on_timer)
+                if self._in_flight or now < self._renew_at:
+                    return
                 self._due = True
                 announce = None
         if announce is not None:
@@ -177,7 +170,6 @@ class Keeper:
                     retry_in,
                     self.deadline - now,
                 )
-                self._cancel_renewal()
                 self._schedule_renewal(now + retry_in)
             elif not renewed:
                 announce = self._lose("renewal")
@@ -189,7 +181,7 @@ class Keeper:
     def _lose(self, detected_by: DetectedBy) -> Callable[[], None]:
         """Mark the lock lost (call with the mutex held); return the announcement to run after."""
         self.state = "lost"
-        self._cancel_timers()
+        self._cancel_timer()
         error = LockLostError(self.key, self.fencing_token, detected_by)
         callbacks = self.signal._set(error)  # the signal aborts now, callbacks run off this path
         if detected_by == "deadline":
@@ -238,7 +230,7 @@ class Keeper:
             was_held = self.state == "held"
             if was_held:
                 self.state = "released"
-                self._cancel_timers()
+                self._cancel_timer()
                 callbacks = self.signal._set(LockReleasedError(self.key, self.fencing_token))
         if not was_held:
             return False
@@ -253,7 +245,7 @@ class Keeper:
             if self.state != "held":
                 return False
             self.state = "released"
-            self._cancel_timers()
+            self._cancel_timer()
             callbacks = self.signal._set(LockReleasedError(self.key, self.fencing_token))
         if callbacks:
             self.clock.notify(lambda: self._run_callbacks(callbacks))
@@ -265,7 +257,7 @@ class Keeper:
             if self.state != "held":
                 return
             self.state = "abandoned"
-            self._cancel_timers()
+            self._cancel_timer()
             callbacks = self.signal._set(
                 AbortedError(f"lock {self.key!r} was garbage-collected without release()")
             )
@@ -290,7 +282,7 @@ class Keeper:
             self._mutex = threading.RLock()
             self.signal._mutex = threading.Lock()
         self.state = "detached"
-        self._renew_timer = self._deadline_timer = None
+        self._timer = None
         self.signal._set(AbortedError(f"lock {self.key!r} is not held here: {reason}"))
 
 
