@@ -21,6 +21,7 @@ from django.db import connections, transaction
 from django_locks.exceptions import StoreError, StoreTimeoutError
 from django_locks.models import Lease
 from django_locks.stores.database import SEQUENCE, DatabaseStore
+from tests.servers import wait_until
 
 pytestmark = [
     pytest.mark.postgres,
@@ -282,6 +283,57 @@ def test_the_table_missing_is_a_warning_only_under_check_database(store, sql):
         query(sql, "ALTER TABLE django_locks_lease_away RENAME TO django_locks_lease")
     assert [m.id for m in messages] == ["django_locks.W102"]
     assert "migrate" in messages[0].hint
+
+
+def test_acquire_and_release_call_the_stores_sql_functions(sql):
+    database = connections["postgres"].settings_dict["NAME"]
+    query(sql, f"ALTER DATABASE {database} SET track_functions = 'pl'")  # for new sessions
+    store = DatabaseStore("postgres")
+    try:
+        name = key()
+        for _ in range(3):
+            assert store.acquire(name, "owner", 60_000) is not None
+            assert store.release(name, "owner")
+        store.close()  # a session reports its statistics at its end at the latest
+
+        def calls() -> dict[str, int]:
+            query(sql, "SELECT pg_stat_clear_snapshot()")
+            cursor = sql.cursor()
+            cursor.execute(
+                "SELECT funcname, calls FROM pg_stat_user_functions "
+                "WHERE funcname LIKE 'django_locks_%'"
+            )
+            return dict(cursor.fetchall())
+
+        wait_until(lambda: len(calls()) == 2, timeout=10, what="function statistics")
+        assert calls() == {"django_locks_acquire": 3, "django_locks_release": 3}
+    finally:
+        query(sql, f"ALTER DATABASE {database} RESET track_functions")
+        store.close()
+
+
+def test_without_the_sql_functions_the_store_sends_the_statements_and_warns(
+    store, sql, caplog
+) -> None:
+    query(sql, "ALTER FUNCTION django_locks_acquire(text, text, text, bigint) RENAME TO away_a")
+    query(sql, "ALTER FUNCTION django_locks_release(text, text) RENAME TO away_r")
+    try:
+        name = key()
+        first = store.acquire(name, "one", 60_000)
+        assert first is not None
+        assert store.acquire(name, "two", 60_000) is None  # taken: the statement's answer
+        assert store.release(name, "one") and not store.release(name, "one")
+        second = store.acquire(name, "two", 60_000)
+        assert second is not None and second > first
+        assert not store._functions
+        assert "migrate django_locks --database postgres" in caplog.text
+        messages = store.check(databases=["postgres"])
+    finally:
+        query(sql, "ALTER FUNCTION away_a(text, text, text, bigint) RENAME TO django_locks_acquire")
+        query(sql, "ALTER FUNCTION away_r(text, text) RENAME TO django_locks_release")
+    assert [m.id for m in messages] == ["django_locks.W102"]
+    assert "SQL functions" in messages[0].msg
+    assert store.check(databases=["postgres"]) == []
 
 
 def test_no_table_warning_while_the_migrations_are_not_applied(store, sql):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
@@ -22,6 +23,8 @@ from django_locks.stores.database_listener import CHANNEL, Listener
 
 T = TypeVar("T")
 
+logger = logging.getLogger("django_locks")
+
 SUPPORTED_VENDORS = ("postgresql", "sqlite")
 TABLE = "django_locks_lease"
 SEQUENCE = "django_locks_lease_fencing_token_seq"
@@ -32,7 +35,11 @@ SEQUENCE = "django_locks_lease_fencing_token_seq"
 # expiry after the wait). No session state, no server-side prepared statements, no advisory
 # locks: all of it works behind PgBouncer in transaction pooling mode.
 _PG_LIVE = "lease.released_at IS NULL AND lease.expires_at > clock_timestamp()"
-_PG_EXPIRY = "clock_timestamp() + %s * interval '1 millisecond'"
+
+
+def _pg_expiry(ttl_ms: str) -> str:
+    return f"clock_timestamp() + {ttl_ms} * interval '1 millisecond'"
+
 
 # ON CONFLICT DO UPDATE locks the existing row first, then evaluates WHERE and SET on it, so the
 # nextval() in SET is drawn after the row lock and floored by the row's own token: a sequence
@@ -40,10 +47,12 @@ _PG_EXPIRY = "clock_timestamp() + %s * interval '1 millisecond'"
 # nextval() in VALUES is evaluated before the conflict is known; for an existing key that value
 # is simply skipped.) The same owner holding a live lease gets its token back and its lease
 # extended: a retry after a timeout never strands the lease.
-PG_ACQUIRE = f"""
+def _pg_acquire(key: str, owner: str, holder: str, ttl_ms: str) -> str:
+    return f"""
 INSERT INTO {TABLE} AS lease
     (key, owner, holder, fencing_token, acquired_at, expires_at, released_at)
-VALUES (%s, %s, %s, nextval('{SEQUENCE}'), clock_timestamp(), {_PG_EXPIRY}, NULL)
+VALUES ({key}, {owner}, {holder}, nextval('{SEQUENCE}'), clock_timestamp(), {_pg_expiry(ttl_ms)},
+    NULL)
 ON CONFLICT (key) DO UPDATE SET
     fencing_token = CASE WHEN lease.owner = excluded.owner AND {_PG_LIVE}
         THEN lease.fencing_token
@@ -52,11 +61,52 @@ ON CONFLICT (key) DO UPDATE SET
         THEN lease.acquired_at ELSE clock_timestamp() END,
     owner = excluded.owner,
     holder = excluded.holder,
-    expires_at = {_PG_EXPIRY},
+    expires_at = {_pg_expiry(ttl_ms)},
     released_at = NULL
 WHERE lease.owner = excluded.owner OR NOT ({_PG_LIVE})
-RETURNING lease.fencing_token
+RETURNING lease.fencing_token"""
+
+
+_PG_FREE = f"""
+UPDATE {TABLE} AS lease
+SET released_at = clock_timestamp(), expires_at = least(lease.expires_at, clock_timestamp())
+WHERE {_PG_LIVE}"""
+
+# Acquire and release, the two calls on a caller's path, are also SQL functions (created by the
+# 0002 migration from the statements above): PL/pgSQL plans its statements once per session, so
+# a call costs the server a short SELECT to parse instead of the whole statement, prepared
+# statements or not, behind PgBouncer too. Until the migration ran, the store sends the
+# statements themselves. A change to a statement needs a migration re-creating the functions.
+PG_FUNCTIONS = f"""
+CREATE OR REPLACE FUNCTION django_locks_acquire(p_key text, p_owner text, p_holder text,
+    p_ttl_ms bigint) RETURNS bigint LANGUAGE plpgsql AS $body$
+DECLARE
+    token bigint;
+BEGIN
+    {_pg_acquire("p_key", "p_owner", "p_holder", "p_ttl_ms")} INTO token;
+    RETURN token;
+END
+$body$;
+CREATE OR REPLACE FUNCTION django_locks_release(p_key text, p_owner text) RETURNS boolean
+LANGUAGE plpgsql AS $body$
+BEGIN
+    {_PG_FREE} AND lease.key = p_key AND lease.owner = p_owner;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM pg_notify('{CHANNEL}', p_key);
+    RETURN true;
+END
+$body$;
 """
+PG_DROP_FUNCTIONS = """
+DROP FUNCTION IF EXISTS django_locks_acquire(text, text, text, bigint);
+DROP FUNCTION IF EXISTS django_locks_release(text, text);
+"""
+PG_ACQUIRE_CALL = "SELECT django_locks_acquire(%s, %s, %s, %s)"
+PG_RELEASE_CALL = "SELECT django_locks_release(%s, %s)"
+PG_ACQUIRE = _pg_acquire("%s", "%s", "%s", "%s")
+_PG_EXPIRY = _pg_expiry("%s")
 PG_RENEW = f"""
 UPDATE {TABLE} AS lease SET expires_at = {_PG_EXPIRY}
 WHERE lease.key = %s AND lease.owner = %s AND {_PG_LIVE}
@@ -69,10 +119,6 @@ FROM unnest(%s::text[], %s::text[], %s::bigint[]) AS batch (key, owner, ttl)
 WHERE lease.key = batch.key AND lease.owner = batch.owner AND {_PG_LIVE}
 RETURNING lease.key, lease.owner
 """
-_PG_FREE = f"""
-UPDATE {TABLE} AS lease
-SET released_at = clock_timestamp(), expires_at = least(lease.expires_at, clock_timestamp())
-WHERE {_PG_LIVE}"""
 
 
 def _pg_notifying(update: str) -> str:
@@ -96,11 +142,14 @@ FROM {TABLE} AS lease, (SELECT clock_timestamp() AS now) AS clock
 """
 PG_LEASES_HELD = PG_LEASES + " WHERE lease.released_at IS NULL AND lease.expires_at > clock.now"
 RECORDER = "django_migrations"
+FUNCTIONS_MIGRATION = "0002_sql_functions"
 PG_MISSING = (
     f"SELECT to_regclass('{TABLE}') IS NULL, to_regclass('{SEQUENCE}') IS NULL, "
+    "to_regprocedure('django_locks_acquire(text, text, text, bigint)') IS NULL "
+    "OR to_regprocedure('django_locks_release(text, text)') IS NULL, "
     f"to_regclass('{RECORDER}')"
 )
-MIGRATED = f"SELECT count(*) FROM {RECORDER} WHERE app = 'django_locks'"
+MIGRATED = f"SELECT name FROM {RECORDER} WHERE app = 'django_locks'"
 
 # SQLite. Every write runs inside BEGIN IMMEDIATE (the database's write lock, taken up front so
 # that concurrent writers wait for it instead of failing to upgrade a read lock), which makes the
@@ -147,6 +196,9 @@ FROM {TABLE}
 """
 SQLITE_LEASES_HELD = SQLITE_LEASES + f" WHERE {_SQLITE_LIVE}"
 SQLITE_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN (?, ?, ?)"
+
+UNDEFINED_FUNCTION = "42883"
+"""PostgreSQL's SQLSTATE for a call of a function that does not exist."""
 
 CHECK_TIMEOUT = 2.0
 """Seconds the I/O checks (``check --database``) wait for the database at most."""
@@ -210,6 +262,7 @@ class DatabaseStore(LockStore):
         for message in _configuration_messages(using):
             raise ImproperlyConfigured(f"{message.msg} {message.hint}")
         self._pools = Pools(self)
+        self._functions = True  # until the database says it has none
         register(self._pools)
 
     def __repr__(self) -> str:
@@ -221,9 +274,11 @@ class DatabaseStore(LockStore):
         self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None
     ) -> int | None:
         def pg(cursor: Any) -> int | None:
-            cursor.execute(PG_ACQUIRE, (key, owner, holder_name(), ttl_ms, ttl_ms))
+            holder = holder_name()
+            if not self._call_function(cursor, PG_ACQUIRE_CALL, (key, owner, holder, ttl_ms)):
+                cursor.execute(PG_ACQUIRE, (key, owner, holder, ttl_ms, ttl_ms))
             row = cursor.fetchone()
-            return None if row is None else int(row[0])
+            return None if row is None or row[0] is None else int(row[0])
 
         def sqlite(cursor: Any) -> int | None:
             cursor.execute(SQLITE_ACQUIRE, (key, owner, holder_name(), _sqlite_offset(ttl_ms)))
@@ -269,7 +324,39 @@ class DatabaseStore(LockStore):
         return [(key, owner) in renewed for key, owner, _ in leases]
 
     def release(self, key: str, owner: str, *, timeout: float | None = None) -> bool:
-        return self._update(PG_RELEASE, SQLITE_RELEASE, (key, owner), timeout) == 1
+        def pg(cursor: Any) -> bool:
+            if self._call_function(cursor, PG_RELEASE_CALL, (key, owner)):
+                return bool(cursor.fetchone()[0])
+            cursor.execute(PG_RELEASE, (key, owner))
+            return bool(cursor.rowcount == 1)
+
+        def sqlite(cursor: Any) -> bool:
+            cursor.execute(SQLITE_RELEASE, (key, owner))
+            return bool(cursor.rowcount == 1)
+
+        return self._pools.run(pg, sqlite, timeout, renewal=False)
+
+    def _call_function(self, cursor: Any, sql: str, params: tuple[Any, ...]) -> bool:
+        """Call one of the store's SQL functions; ``False`` when the database has none (the
+        0002 migration has not run there yet): this store then sends the statements instead."""
+        if not self._functions:
+            return False
+        try:
+            cursor.execute(sql, params)
+        except Exception as exc:
+            sqlstate = getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)
+            if sqlstate != UNDEFINED_FUNCTION:
+                raise
+            self._functions = False
+            logger.warning(
+                "The database %r has no django_locks SQL functions: the lock store sends whole "
+                "statements instead, which costs the database more per lock. Run `manage.py "
+                "migrate django_locks --database %s`.",
+                self.using,
+                self.using,
+            )
+            return False
+        return True
 
     # Optional capabilities.
 
@@ -362,24 +449,23 @@ class DatabaseStore(LockStore):
         # before it migrates), Django's own unapplied-migrations notice covers it.
         def pg(cursor: Any) -> list[str]:
             cursor.execute(PG_MISSING)
-            table_missing, sequence_missing, recorder = cursor.fetchone()
-            if recorder is None or not (table_missing or sequence_missing):
+            table_missing, sequence_missing, functions_missing, recorder = cursor.fetchone()
+            if recorder is None or not (table_missing or sequence_missing or functions_missing):
                 return []
             cursor.execute(MIGRATED)
-            if not cursor.fetchone()[0]:
-                return []
-            return [
-                name
-                for name, gone in ((TABLE, table_missing), (SEQUENCE, sequence_missing))
-                if gone
-            ]
+            applied = {row[0] for row in cursor.fetchall()}
+            gone = {TABLE: table_missing, SEQUENCE: sequence_missing}
+            missing = [name for name, is_gone in gone.items() if is_gone and applied]
+            if functions_missing and FUNCTIONS_MIGRATION in applied:
+                missing.append("SQL functions")
+            return missing
 
         def sqlite(cursor: Any) -> list[str]:
             found = {row[0] for row in cursor.execute(SQLITE_TABLES, (TABLE, SEQUENCE, RECORDER))}
             missing = [name for name in (TABLE, SEQUENCE) if name not in found]
             if not missing or RECORDER not in found:
                 return []
-            return missing if cursor.execute(MIGRATED).fetchone()[0] else []
+            return missing if cursor.execute(MIGRATED).fetchone() else []
 
         try:
             missing = self._pools.run(pg, sqlite, CHECK_TIMEOUT, renewal=False, write=False)
@@ -395,7 +481,8 @@ class DatabaseStore(LockStore):
             return []
         return [
             checks.Warning(
-                f"The lock store's {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
+                f"The lock store's {' and '.join(missing)} "
+                f"{'is' if missing == [TABLE] or missing == [SEQUENCE] else 'are'} "
                 f"missing from the database {self.using!r}.",
                 hint=f"Run `manage.py migrate django_locks --database {self.using}`.",
                 id="django_locks.W102",

@@ -51,6 +51,7 @@ class StoreConnection:
         self.fd = raw.fileno() if vendor == "postgresql" else -1
         self.thread = threading.current_thread()
         self.name = ""  # the database name it was opened on
+        self.cursor: Any = None
         self.deadline = math.inf
         self.busy = False
         self.fired = False  # the watchdog abandoned the call running on it
@@ -226,8 +227,9 @@ class Pools:
         _watchdog().watch(conn, deadline)
         try:
             if conn.vendor == "postgresql":
-                with conn.raw.cursor() as cursor:
-                    return pg(cursor)
+                if conn.cursor is None:
+                    conn.cursor = conn.raw.cursor()  # one per connection: made once, not per call
+                return pg(conn.cursor)
             return _run_sqlite(conn, sqlite, deadline, write)
         except self.errors as exc:
             if _watchdog().unwatch(conn):
