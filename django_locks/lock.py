@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import weakref
+import sys
 from types import TracebackType
 
 from django.db import connections
@@ -26,12 +26,16 @@ class Lock:
     Use it as a context manager (``with`` / ``async with``) to release it on exit.
     """
 
-    __slots__ = ("__weakref__", "_finalizer", "_keeper")
+    __slots__ = ("__weakref__", "_keeper")
 
     def __init__(self, keeper: Keeper) -> None:
         self._keeper = keeper
-        self._finalizer = weakref.finalize(self, keeper.abandon)
-        self._finalizer.atexit = False  # at exit every lease lapses anyway: no warning then
+
+    def __del__(self) -> None:
+        # Garbage-collected while held: stop renewing, let it lapse (a no-op once released). At
+        # interpreter exit every lease lapses anyway: no warning then.
+        if not _finalizing():
+            self._keeper.abandon()
 
     @property
     def key(self) -> str:
@@ -72,7 +76,6 @@ class Lock:
         already released or lost (no store call then). Raises ``StoreError`` when the store cannot
         be reached; the lock is not renewed any more either way, so it lapses at its ttl.
         """
-        self._finalizer.detach()
         if self._keeper.state == "held" and _in_atomic_block():
             logger.warning(
                 "Lock %r is released inside transaction.atomic(): the next holder can run before "
@@ -90,7 +93,6 @@ class Lock:
         management command's ``min_hold``). Returns ``True`` when the store confirmed the lease
         was still ours; raises ``StoreError`` when the store cannot be reached.
         """
-        self._finalizer.detach()
         return self._keeper.leave(to_milliseconds(duration, name="duration"))
 
     async def arelease(self) -> bool:
@@ -124,6 +126,9 @@ class Lock:
         if state == "held" and not self.held:
             state = "past its deadline"
         return f"<Lock {self.key!r} token={self.fencing_token} {state}>"
+
+
+_finalizing = sys.is_finalizing
 
 
 def _in_atomic_block() -> bool:

@@ -362,6 +362,9 @@ def _batch_for(store: LockStore, clock: Clock) -> RenewalBatch | None:
     lock per call only."""
     if type(store).renew_many is LockStore.renew_many:
         return None
+    batch = _batches.get(store, {}).get(id(clock))
+    if batch is not None and batch.clock is clock:
+        return batch
     with _batches_mutex:
         per_clock = _batches.setdefault(store, {})
         batch = per_clock.get(id(clock))
