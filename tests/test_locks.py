@@ -190,6 +190,21 @@ def test_release_inside_atomic_warns_with_the_fix(service: Locks, caplog, db) ->
     assert "Take the lock outside the transaction" in caplog.text
 
 
+def test_only_a_release_inside_atomic_warns(service: Locks, caplog, transactional_db) -> None:
+    from django.db import connection, transaction
+
+    connection.close()  # this thread's connection is opened afresh, as in a new worker thread
+    outside = service.acquire("outside")
+    assert outside is not None
+    with transaction.atomic():
+        inside = service.acquire("inside")
+        assert inside is not None
+        inside.release()
+    assert caplog.text.count("Take the lock outside the transaction") == 1
+    outside.release()
+    assert caplog.text.count("Take the lock outside the transaction") == 1
+
+
 def test_the_default_service_uses_the_locks_setting() -> None:
     assert isinstance(locks.store, InMemoryStore)
     with locks.lock("default-service") as lock:
