@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -283,6 +284,31 @@ def test_the_table_missing_is_a_warning_only_under_check_database(store, sql):
         query(sql, "ALTER TABLE django_locks_lease_away RENAME TO django_locks_lease")
     assert [m.id for m in messages] == ["django_locks.W102"]
     assert "migrate" in messages[0].hint
+
+
+def test_a_release_wakes_one_waiting_thread_of_a_process(store):
+    name = key()
+    assert store.acquire(name, "holder", 60_000) is not None
+    assert not store.wait_for_release(name, 0.5)  # connects the listener; no release yet
+    results: list[tuple[bool, float]] = []
+
+    def wait() -> None:
+        woken = store.wait_for_release(name, 3)
+        results.append((woken, time.monotonic()))
+
+    waiters = [threading.Thread(target=wait) for _ in range(3)]
+    for waiter in waiters:
+        waiter.start()
+    time.sleep(0.3)
+    released = time.monotonic()
+    assert store.release(name, "holder")
+    for waiter in waiters:
+        waiter.join(10)
+    woken = [at - released for was_woken, at in results if was_woken]
+    assert len(results) == 3
+    assert len(woken) == 1 and woken[0] < 1  # the others sleep on to their timeout
+    assert store.acquire(name, "next", 60_000) is not None
+    assert store.release(name, "next")
 
 
 def test_acquire_and_release_call_the_stores_sql_functions(sql):

@@ -29,15 +29,31 @@ RECONNECT_DELAY = 1.0
 """Seconds between attempts to reopen a listening connection that broke."""
 
 
+class _Waiters:
+    """The threads of this process waiting for releases of one key."""
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self.cond = threading.Condition(lock)
+        self.waiting = 0
+        self.woken = 0  # notices handed to a waiter that has not taken its own yet
+
+
 class Listener:
-    """One ``LISTEN`` session of one store in this process, and the waiters it wakes."""
+    """One ``LISTEN`` session of one store in this process, and the waiters it wakes.
+
+    A release wakes ONE waiter of its key in each process (the one most likely to get the key
+    next; waking them all would make each try a committed write, and all but one fail). A woken
+    waiter that then loses the race, or gives up, simply waits again or tries at its own pace:
+    every waiter also retries at the end of its backoff."""
 
     def __init__(self, using: str, connect_timeout: float) -> None:
         self.using = using
         self.connect_timeout = connect_timeout
         self.pid = os.getpid()
-        self._cond = threading.Condition()
-        self._releases: dict[str, int] = {}
+        lock = threading.Lock()
+        self._lock = lock
+        self._cond = threading.Condition(lock)  # the session's state: listening, failed
+        self._keys: dict[str, _Waiters] = {}
         self._listening = False
         self._error: BaseException | None = None
         self._closed = False
@@ -53,7 +69,6 @@ class Listener:
                     target=self._run, name="django_locks-listener", daemon=True
                 )
                 self._thread.start()
-            seen = self._releases.get(key, 0)
             while not self._listening and self._error is None:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -65,10 +80,21 @@ class Listener:
                 raise StoreError(
                     f"Listening for releases on the database {self.using!r} failed: {self._error}"
                 ) from self._error
-            return self._cond.wait_for(
-                lambda: self._releases.get(key, 0) != seen,
-                timeout=max(deadline - time.monotonic(), 0),
-            )
+            waiters = self._keys.get(key)
+            if waiters is None:
+                waiters = self._keys[key] = _Waiters(self._lock)
+            waiters.waiting += 1
+            try:
+                woken = waiters.cond.wait_for(
+                    lambda: waiters.woken > 0, timeout=max(deadline - time.monotonic(), 0)
+                )
+                if woken:
+                    waiters.woken -= 1
+                return woken
+            finally:
+                waiters.waiting -= 1
+                if not waiters.waiting:
+                    del self._keys[key]
 
     def close(self) -> None:
         with self._cond:
@@ -128,8 +154,9 @@ class Listener:
                     self._released([notice.payload])
 
     def _released(self, keys: list[str]) -> None:
-        if keys:
-            with self._cond:
-                for key in keys:
-                    self._releases[key] = self._releases.get(key, 0) + 1
-                self._cond.notify_all()
+        with self._lock:
+            for key in keys:
+                waiters = self._keys.get(key)
+                if waiters is not None and waiters.woken < waiters.waiting:
+                    waiters.woken += 1
+                    waiters.cond.notify()
