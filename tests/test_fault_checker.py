@@ -239,3 +239,39 @@ def test_leader_terms_from_their_writes() -> None:
     for event in leader:
         event["key"] = "lead"
     only(check(leader), "overlap")
+
+
+def test_the_docs_table_sums_the_runs_and_keeps_the_worst_figures() -> None:
+    from tests.faults.table import table
+
+    def result(ops: int, p99: float, overlap: int) -> dict[str, object]:
+        return {
+            "scenario": "hung_connection",
+            "store": "redis",
+            "operations": ops,
+            "faults": {"hung_connection": 2},
+            "violations": {"overlap": overlap, "stale_write": 0},
+            "lost_by": {"deadline": 1},
+            "refused_fenced": 0,
+            "canary_lost": 1,
+            "lateness_p50_ms": 1.0,
+            "lateness_p99_ms": p99,
+            "lateness_max_ms": p99,
+            "takeover_p50_s": math.nan,
+            "takeover_p99_s": math.nan,
+        }
+
+    rows = table([result(100, 4.5, 0), result(50, 6.5, 1)]).split("\n   * - ")[2].split("\n")
+    cells = [cell.strip().removeprefix("- ") for cell in rows]
+    assert cells[:9] == [
+        "``hung_connection``",
+        "redis",
+        "2",
+        "150",
+        "hung_connection 4",
+        "1 (overlap 1)",
+        "deadline 2",
+        "0",
+        "2",
+    ]
+    assert cells[9:] == ["1 / 6.5 / 6.5", "--"]

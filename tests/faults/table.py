@@ -1,0 +1,89 @@
+"""``python -m tests.faults.table MATRIX.json...``: the matrix results as the docs' RST table.
+
+One row per scenario and store: the runs' operations, faults and counts summed; the lateness and
+takeover figures as the worst run's (each run's percentiles are over its own history).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+from tests.faults.harness import SCENARIOS
+
+COLUMNS = [
+    "scenario",
+    "store",
+    "runs",
+    "ops",
+    "faults",
+    "violations",
+    "locks lost",
+    "fenced writes refused",
+    "canary lost updates",
+    "lateness ms: worst p50 / p99 / max",
+    "takeover s: worst p50 / p99",
+]
+
+
+def worst(runs: list[dict[str, Any]], name: str) -> float:
+    values = [run[name] for run in runs if not math.isnan(run[name])]
+    return max(values) if values else math.nan
+
+
+def figures(values: list[float]) -> str:
+    return "--" if all(math.isnan(v) for v in values) else " / ".join(f"{v:g}" for v in values)
+
+
+def row(scenario: str, store: str, runs: list[dict[str, Any]]) -> list[str]:
+    faults: Counter[str] = Counter()
+    lost: Counter[str] = Counter()
+    for run in runs:
+        faults.update(run["faults"])
+        lost.update(run["lost_by"])
+    violations = sum(sum(run["violations"].values()) for run in runs)
+    kinds = Counter({k: v for run in runs for k, v in run["violations"].items() if v})
+    if kinds:
+        counted = f"{violations} ({', '.join(f'{k} {v}' for k, v in sorted(kinds.items()))})"
+    else:
+        counted = str(violations)
+    return [
+        f"``{scenario}``",
+        store,
+        str(len(runs)),
+        str(sum(run["operations"] for run in runs)),
+        ", ".join(f"{k} {v}" for k, v in sorted(faults.items())) or "none",
+        counted,
+        ", ".join(f"{k} {v}" for k, v in sorted(lost.items())) or "0",
+        str(sum(run["refused_fenced"] for run in runs)),
+        str(sum(run["canary_lost"] for run in runs)),
+        figures([worst(runs, f"lateness_{q}_ms") for q in ("p50", "p99", "max")]),
+        figures([worst(runs, f"takeover_{q}_s") for q in ("p50", "p99")]),
+    ]
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    grouped: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for result in results:
+        grouped[result["scenario"], result["store"]].append(result)
+    order = list(SCENARIOS)
+    keys = sorted(grouped, key=lambda k: (order.index(k[0]), k[1]))
+    lines = [".. list-table::", "   :header-rows: 1", ""]
+    for cells in [COLUMNS, *(row(s, store, grouped[s, store]) for s, store in keys)]:
+        lines.append(f"   * - {cells[0]}")
+        lines.extend(f"     - {cell}" for cell in cells[1:])
+    return "\n".join(lines)
+
+
+def main(paths: list[str]) -> int:
+    results = [result for path in paths for result in json.loads(Path(path).read_text())]
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
