@@ -12,6 +12,7 @@ import zlib
 from typing import Any
 
 from benchmarks.measure import Contender
+from django_locks.stores.database import PG_ACQUIRE_CALL, PG_RELEASE_CALL
 
 EXPIRY_S = 30
 
@@ -336,6 +337,28 @@ class RawLeaseSession(PgSession):
 
     def release(self, handle: Any) -> None:
         self.conn.execute(RAW_RELEASE, {"key": handle, "owner": self.owner}).fetchall()
+
+
+class SqlFunctionSession(PgSession):
+    """The store's SQL functions (migration 0002) called on a plain psycopg connection, which
+    prepares them: what its operations cost the server, without Django's connection or the
+    store's Python around them."""
+
+    def pair(self, key: str) -> None:
+        args = (key, "bench-sql-functions", "bench", EXPIRY_S * 1000)
+        if self.conn.execute(PG_ACQUIRE_CALL, args).fetchone()[0] is None:
+            raise RuntimeError(f"{key!r} was taken")
+        self.conn.execute(PG_RELEASE_CALL, args[:2]).fetchone()
+
+    def acquire(self, key: str) -> Any:
+        raise NotImplementedError
+
+    def release(self, handle: Any) -> None:
+        raise NotImplementedError
+
+
+def sql_functions(name: str, dsn: dict[str, Any]) -> Contender:
+    return Contender(name, lambda: SqlFunctionSession(dsn))
 
 
 def postgres_floor(dsn: dict[str, Any]) -> Contender:

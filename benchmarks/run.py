@@ -41,6 +41,7 @@ WAITERS = 8
 RENEWAL_LOCKS = 1000
 STORE_CALLS = "  its store calls alone"
 PREPARED = "  with prepared statements"
+SQL_FUNCTIONS = "  its SQL functions on psycopg"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -386,6 +387,7 @@ def run_postgres(server: Any, plan: Plan) -> dict[str, Any]:
         ours,
         contenders.store_calls(STORE_CALLS, locks.store),
         contenders.django_locks(PREPARED, prepared),
+        contenders.sql_functions(SQL_FUNCTIONS, dsn),
         advisory,
         raw,
     ]
@@ -394,7 +396,10 @@ def run_postgres(server: Any, plan: Plan) -> dict[str, Any]:
         f"  ({STORE_CALLS.strip()}: DatabaseStore.acquire + release without the Lock object;\n"
         f"   {PREPARED.strip()}: django_locks on an alias whose OPTIONS set\n"
         "   server_side_binding=True, prepare_threshold=5, so psycopg 3 prepares the store's\n"
-        "   statements: possible on a direct connection only, not behind PgBouncer < 1.21.)"
+        "   statements: possible on a direct connection only, not behind PgBouncer < 1.21;\n"
+        f"   {SQL_FUNCTIONS.strip()}: the SQL functions the store calls (django_locks_acquire,\n"
+        "   django_locks_release), called on a plain psycopg connection that prepares them: what\n"
+        "   the operations cost the server.)"
     )
     say()
     section_throughput(results, [floor, ours, advisory, raw], plan)
