@@ -89,12 +89,23 @@ return 0
 # Ownership is checked and the lease deleted in one step; the counter (KEYS[2]) is untouched.
 # KEYS[3] is the key's wake-up list: one element wakes one waiter blocked in BLPOP (one is all
 # a handover needs); it lapses after a second when nobody waits.
-RELEASE_SCRIPT = """
-if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
-  redis.call('DEL', KEYS[1])
+_WAKE_ONE = """
   redis.call('DEL', KEYS[3])
   redis.call('RPUSH', KEYS[3], '1')
   redis.call('PEXPIRE', KEYS[3], 1000)
+"""
+RELEASE_SCRIPT = f"""
+if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+{_WAKE_ONE}
+  return 1
+end
+return 0
+"""
+# An operator's release (or the testing reset): whoever holds it, waking a waiter the same way.
+FORCE_RELEASE_SCRIPT = f"""
+if redis.call('DEL', KEYS[1]) == 1 then
+{_WAKE_ONE}
   return 1
 end
 return 0
@@ -117,6 +128,7 @@ _SCRIPTS = {
         "acquire": ACQUIRE_SCRIPT,
         "renew": RENEW_SCRIPT,
         "release": RELEASE_SCRIPT,
+        "force_release": FORCE_RELEASE_SCRIPT,
         "inspect": INSPECT_SCRIPT,
     }.items()
 }
@@ -369,11 +381,16 @@ class RedisStore(LockStore):
 
     def clear(self) -> None:
         for name in self._scan_leases():
-            self._routed(name, ("DEL", name), None)
+            self._force_release(name)
 
     def force_release(self, key: str) -> bool:
-        lease, _ = self._keys(key)
-        return bool(self._routed(lease, ("DEL", lease), None) == 1)
+        return self._force_release(self._keys(key)[0])
+
+    def _force_release(self, lease: bytes) -> bool:
+        base = lease[: -len(b"lease")]
+        command = ("EVALSHA", _SCRIPTS["force_release"][1], 3, lease, base + b"fence")
+        reply = self._routed(lease, (*command, base + b"released"), None, "force_release")
+        return bool(reply == 1)
 
     def close(self) -> None:
         with self._process_lock:

@@ -387,6 +387,14 @@ class LockStoreContract(TransactionTestCase):
     def test_wait_for_release_wakes_a_waiter_when_the_key_is_released(self) -> None:
         owner = _owner()
         self.store.acquire(self.key(), owner, 60_000)
+        self._assert_release_wakes_a_waiter(lambda: self.store.release(self.key(), owner))
+
+    def test_wait_for_release_wakes_a_waiter_when_an_operator_releases_the_key(self) -> None:
+        self.store.acquire(self.key(), _owner(), 60_000)
+        self.optional(lambda: self.store.force_release(self.key("probe")))
+        self._assert_release_wakes_a_waiter(lambda: self.store.force_release(self.key()))
+
+    def _assert_release_wakes_a_waiter(self, release: Callable[[], bool]) -> None:
         self.optional(lambda: self.store.wait_for_release(self.key(), 0.01))
         woken: list[tuple[bool, float]] = []
 
@@ -397,7 +405,7 @@ class LockStoreContract(TransactionTestCase):
         thread = threading.Thread(target=waiter)
         thread.start()
         time.sleep(0.3)  # the waiter is listening by now
-        self.assertTrue(self.store.release(self.key(), owner))
+        self.assertTrue(release())
         thread.join(15)
         self.assertEqual(len(woken), 1)
         notified, after = woken[0]
