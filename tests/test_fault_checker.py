@@ -233,12 +233,24 @@ def test_leader_terms_from_their_writes() -> None:
     leader = [
         write(1, 10, "leader", 0.0),
         write(1, 10, "leader", 0.35),
-        write(2, 11, "leader", 0.4),  # the new leader wrote while the old one still did
+        write(2, 11, "leader", 0.2),  # the new leader wrote twice while the old one still did
+        write(2, 11, "leader", 0.3),
     ]
-    leader[1]["end"] = 0.45
     for event in leader:
         event["key"] = "lead"
-    only(check(leader), "overlap")
+    report = check(leader)
+    assert report.violations["overlap"] == 1, report.details
+    assert report.violations["stale_write"] == 1  # the old one's last write, after the new's
+
+
+def test_a_leader_stopped_in_the_middle_of_its_last_write_does_not_overlap_its_successor() -> None:
+    old = [write(1, 10, "leader", 0.0), write(1, 10, "leader", 0.1)]
+    old[1]["end"] = 2.0  # SIGSTOPped mid-write: the end is stamped when it runs again
+    new = [write(2, 11, "leader", 1.0), write(2, 11, "leader", 1.5)]
+    for event in old + new:
+        event["key"] = "lead"
+    report = check(old + new)
+    assert report.ok, report.details
 
 
 def test_the_docs_table_sums_the_runs_and_keeps_the_worst_figures() -> None:

@@ -196,14 +196,17 @@ def _windows(by_kind: dict[str, list[dict[str, Any]]], report: Report) -> list[W
         if window.empty:
             report.late_oks += 1
         windows.append(window)
-    # run_leader processes log only their writes: a term (one process, one token) is valid from
-    # its first accepted write to its last.
+    # run_leader processes log only their writes. Each accepted write took effect at some instant
+    # between its start and its end, so a term (one process, one token) certainly ran from the
+    # end of its first accepted write to the start of its last: that span is its window. (The
+    # outer span is not: a leader stopped in the middle of a write stamps its end when it runs
+    # again, long after the write took effect.)
     terms: dict[tuple[int, str, int], list[float]] = {}
     for write in by_kind["write"]:
         if write["kind"] == "leader" and write["accepted"]:
             ident = (write["pid"], write["key"], write["token"])
-            span = terms.setdefault(ident, [write["start"], write["end"]])
-            span[0], span[1] = min(span[0], write["start"]), max(span[1], write["end"])
+            span = terms.setdefault(ident, [write["end"], write["start"]])
+            span[0], span[1] = min(span[0], write["end"]), max(span[1], write["start"])
     for (pid, key, token), (start, end) in terms.items():
         windows.append(Window(key, token, pid, start, end))
         report.acquisitions += 1

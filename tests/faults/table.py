@@ -1,4 +1,5 @@
-"""``python -m tests.faults.table MATRIX.json...``: the matrix results as the docs' RST table.
+"""``python -m tests.faults.table [--recheck] MATRIX.json...``: the matrix results as the docs'
+RST table (``--recheck``: each run's saved histories checked again by the current checker).
 
 One row per scenario and store: the runs' operations, faults and counts summed; the lateness and
 takeover figures as the worst run's (each run's percentiles are over its own history).
@@ -13,6 +14,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from tests.faults.checker import check, read_history
 from tests.faults.harness import SCENARIOS
 
 COLUMNS = [
@@ -79,9 +81,22 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main(paths: list[str]) -> int:
-    results = [result for path in paths for result in json.loads(Path(path).read_text())]
-    print(table(results))
+def rechecked(path: Path) -> list[dict[str, Any]]:
+    """The results of ``path`` (a matrix.json) from its runs' saved histories, checked again by
+    the current checker (after a fix to the checker, say)."""
+    results: list[dict[str, Any]] = json.loads(path.read_text())
+    for index, result in enumerate(results):
+        run = path.parent / f"{result['store']}-{result['scenario']}-{result['seed'] - 1}"
+        report = check(read_history(sorted(run.glob("*.jsonl"))))
+        results[index] = {**result, **report.as_dict()}
+    return results
+
+
+def main(args: list[str]) -> int:
+    recheck = "--recheck" in args
+    paths = [Path(arg) for arg in args if arg != "--recheck"]
+    load = rechecked if recheck else lambda path: json.loads(path.read_text())
+    print(table([result for path in paths for result in load(path)]))
     return 0
 
 
