@@ -77,6 +77,13 @@ WHERE {_PG_LIVE}"""
 # a call costs the server a short SELECT to parse instead of the whole statement, prepared
 # statements or not, behind PgBouncer too. Until the migration ran, the store sends the
 # statements themselves. A change to a statement needs a migration re-creating the functions.
+#
+# The release commits without waiting for its WAL flush (synchronous_commit off, for its own
+# transaction): the freed lease is visible at once, and any later commit that waits for the disk
+# (the next holder's acquire, say) flushes it too. Only a server crash before such a commit can
+# lose it: the lease then comes back with its old owner, which nobody renews, and lapses at its
+# ttl, as after a crash of its holder. Acquire and renew wait for the flush: a lost one could
+# hand a token out twice, or end a lease before its holder's deadline.
 PG_FUNCTIONS = f"""
 CREATE OR REPLACE FUNCTION django_locks_acquire(p_key text, p_owner text, p_holder text,
     p_ttl_ms bigint) RETURNS bigint LANGUAGE plpgsql AS $body$
@@ -95,6 +102,8 @@ BEGIN
         RETURN false;
     END IF;
     PERFORM pg_notify('{CHANNEL}', p_key);
+    -- This transaction only: a release need not wait for the disk (see stores/database.py).
+    PERFORM set_config('synchronous_commit', 'off', true);
     RETURN true;
 END
 $body$;
