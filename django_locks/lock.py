@@ -37,8 +37,9 @@ class Lock:
     def __del__(self) -> None:
         # Garbage-collected while held: stop renewing, let it lapse (a no-op once released). At
         # interpreter exit every lease lapses anyway: no warning then.
-        if not _finalizing():
-            self._keeper.abandon()
+        keeper = self._keeper
+        if keeper.state == "held" and not _finalizing():
+            keeper.abandon()
 
     @property
     def key(self) -> str:
