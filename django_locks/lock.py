@@ -77,8 +77,10 @@ class Lock:
         """Stop renewing and free the lease at once.
 
         Returns ``True`` when the store confirmed the lease was still ours, ``False`` when it was
-        already released or lost (no store call then). Raises ``StoreError`` when the store cannot
-        be reached; the lock is not renewed any more either way, so it lapses at its ttl.
+        already released or lost (no store call then). Past the holder deadline it is lost: the
+        loss is announced (``lock_lost``) before ``False`` is returned. Raises ``StoreError`` when
+        the store cannot be reached; the lock is not renewed any more either way, so it lapses at
+        its ttl.
         """
         if self._keeper.state == "held" and _in_atomic_block():
             logger.warning(

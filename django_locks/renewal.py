@@ -226,6 +226,8 @@ class Keeper:
 
     def release(self) -> bool:
         """Stop renewing and free the lease. ``True`` if the store confirmed it was still ours."""
+        if self._lost_at_deadline():
+            return False
         with self._mutex:
             was_held = self.state == "held"
             if was_held:
@@ -241,6 +243,8 @@ class Keeper:
     def leave(self, ttl_ms: int) -> bool:
         """Stop renewing and leave the lease to lapse ``ttl_ms`` from now (one renewal).
         ``True`` if the store confirmed it was still ours."""
+        if self._lost_at_deadline():
+            return False
         with self._mutex:
             if self.state != "held":
                 return False
@@ -250,6 +254,16 @@ class Keeper:
         if callbacks:
             self.clock.notify(lambda: self._run_callbacks(callbacks))
         return self.store.renew(self.key, self.owner, ttl_ms)
+
+    def _lost_at_deadline(self) -> bool:
+        """A holder past its deadline whose timer has not fired yet (a process just woken from a
+        pause races its timer thread): the lock is lost, whichever thread gets there first."""
+        with self._mutex:
+            if self.state != "held" or self.clock.monotonic() < self.deadline:
+                return False
+            announce = self._lose("deadline")
+        announce()
+        return True
 
     def abandon(self) -> None:
         """The ``Lock`` was garbage-collected while held: stop renewing, let it lapse at ttl."""

@@ -119,6 +119,19 @@ def test_a_deadline_passed_during_a_pause_is_reported_before_anything_is_sent(
     assert "renew" not in store.calls
 
 
+def test_a_release_past_the_deadline_reports_the_loss_even_before_the_timer_fired(
+    service: Locks, store: FaultyStore, clock: ManualClock
+) -> None:
+    lock = service.acquire("k")
+    assert lock is not None
+    clock._now += TTL * 2  # woken from a pause: its timer thread has not run yet
+    with recording(lock_lost) as lost:
+        assert lock.release() is False
+    assert [event["detected_by"] for event in lost] == ["deadline"]
+    assert isinstance(lock.signal.reason, LockLostError)
+    assert store.calls.count("release") == 1  # the lease is freed all the same (in background)
+
+
 def test_the_deadline_is_counted_from_the_send_time_of_the_last_confirmed_renewal(
     service: Locks, clock: ManualClock
 ) -> None:
