@@ -71,13 +71,14 @@ def main(argv: list[str] | None = None) -> int:
                 if ONLY.get(scenario, store) != store:
                     continue
                 for i in range(args.runs):
+                    run_name = f"{store}-{scenario}-{i}"
                     config = RunConfig(
                         scenario,
                         store,
                         duration=args.duration,
                         seed=args.seed + i,
                         workers=args.workers,
-                        out=out / f"{store}-{scenario}-{i}",
+                        out=out / run_name,
                     )
                     report, summary = run(config, servers)
                     print(summary, flush=True)
@@ -88,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
                             "store": store,
                             "scenario": scenario,
                             "seed": config.seed,
+                            "run": run_name,
                             "summary": summary,
                             **report.as_dict(),
                         }

@@ -86,7 +86,9 @@ def rechecked(path: Path) -> list[dict[str, Any]]:
     the current checker (after a fix to the checker, say)."""
     results: list[dict[str, Any]] = json.loads(path.read_text())
     for index, result in enumerate(results):
-        run = path.parent / f"{result['store']}-{result['scenario']}-{result['seed'] - 1}"
+        # Results written before "run" was recorded: the default first seed, 1.
+        name = result.get("run") or f"{result['store']}-{result['scenario']}-{result['seed'] - 1}"
+        run = path.parent / name
         report = check(read_history(sorted(run.glob("*.jsonl"))))
         results[index] = {**result, **report.as_dict()}
     return results
