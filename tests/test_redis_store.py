@@ -5,17 +5,19 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import socket
 import threading
 import time
 import uuid
 
 import pytest
+import redis.exceptions
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 from redis.crc import key_slot
 
 from django_locks.exceptions import StoreError, StoreTimeoutError
-from django_locks.stores.redis import RedisStore
+from django_locks.stores.redis import RedisStore, _Replies
 from django_locks.testing import LockStoreContract
 
 
@@ -432,3 +434,80 @@ def test_renew_many_survives_a_script_flush_with_one_script_call_per_lease(redis
     with redis_server.client() as client:
         calls = client.info("commandstats")["cmdstat_evalsha"]["calls"] - calls_before
     assert calls == 50  # one script call per lease, all in the one pipeline, none failed
+
+
+# The store reads its replies itself (RESP2): however the bytes arrive, every reply is whole.
+
+
+def _read_from(chunks: list[bytes], count: int, *, timeout: float = 5) -> list[object]:
+    """What ``_Replies`` reads from a socket whose peer sends ``chunks`` one by one."""
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+
+        def send() -> None:
+            for chunk in chunks:
+                theirs.sendall(chunk)
+                time.sleep(0.002)  # each chunk its own recv
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        try:
+            return _Replies(ours, time.monotonic() + timeout, b"").read(count)
+        finally:
+            sender.join()
+
+
+def test_replies_split_anywhere_are_read_whole():
+    stream = b":42\r\n$-1\r\n$5\r\nhe\r\no\r\n*-1\r\n*2\r\n$3\r\nkey\r\n:-7\r\n+OK\r\n$0\r\n\r\n"
+    expected = [42, None, b"he\r\no", None, [b"key", -7], b"OK", b""]
+    assert _read_from([stream], 7) == expected
+    assert _read_from([bytes([byte]) for byte in stream], 7) == expected
+
+
+def test_error_replies_come_back_as_redis_py_exceptions():
+    replies = _read_from(
+        [b"-NOSCRIPT No matching script.\r\n", b"-MOVED 3999 127.0.0.1:6381\r\n-ERR nope\r\n"], 3
+    )
+    noscript, moved, other = replies
+    assert isinstance(noscript, redis.exceptions.NoScriptError)
+    assert isinstance(moved, redis.exceptions.MovedError)
+    assert (moved.slot_id, moved.host, moved.port) == (3999, "127.0.0.1", 6381)
+    assert type(other) is redis.exceptions.ResponseError and str(other) == "ERR nope"
+
+
+def test_a_reply_out_of_step_or_cut_short_is_an_error():
+    with pytest.raises(redis.exceptions.InvalidResponse, match="more replies than commands"):
+        _read_from([b":1\r\n:2\r\n"], 1)
+    with pytest.raises(redis.exceptions.InvalidResponse, match="Protocol error"):
+        _read_from([b"%1\r\n"], 1)  # a RESP3 map: the store's connections speak RESP2
+    with pytest.raises(redis.exceptions.InvalidResponse, match="Protocol error"):
+        _read_from([b"$x\r\n"], 1)
+    with pytest.raises(redis.exceptions.ConnectionError, match="closed the connection"):
+        ours, theirs = socket.socketpair()
+        with ours:
+            theirs.sendall(b"$10\r\nhalf")
+            theirs.close()
+            _Replies(ours, time.monotonic() + 5, b"").read(1)
+
+
+def test_a_reply_that_never_comes_times_out_at_the_deadline():
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            _Replies(ours, started + 0.2, b":1").read(1)  # the rest of the line never comes
+        assert 0.15 < time.monotonic() - started < 1.0
+
+
+@pytest.mark.redis
+def test_a_url_asking_for_resp3_gets_resp2_connections(redis_server):
+    store = RedisStore(url=f"{redis_server.url}?protocol=3", prefix=f"t{uuid.uuid4().hex[:8]}")
+    owner = _owner()
+    token = store.acquire("k", owner, 30_000)
+    assert token is not None and store.renew("k", owner, 30_000)
+    assert [lease.fencing_token for lease in store.leases()] == [token]
+    with redis_server.client() as client:
+        ours = [c for c in client.client_list() if c["cmd"] in ("evalsha", "scan")]
+    assert ours and {c["resp"] for c in ours} == {"2"}
+    assert store.release("k", owner) is True
+    store.close()

@@ -5,14 +5,13 @@ from __future__ import annotations
 import datetime
 import functools
 import hashlib
-import inspect
 import os
 import select
 import socket
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.core import checks
@@ -27,7 +26,7 @@ try:
     import redis.cluster
     import redis.exceptions
     from redis.backoff import NoBackoff
-    from redis.connection import AbstractConnection, ConnectionPool
+    from redis.connection import Connection, parse_url
     from redis.crc import key_slot
     from redis.retry import Retry
 except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -140,8 +139,81 @@ _CACHE_IGNORED = {"pool_class", "parser_class", "socket_timeout", "socket_connec
 _CACHE_IGNORED |= {"max_connections", "retry", "retry_on_timeout", "health_check_interval"}
 _CHECK_TIMEOUT = 2.0
 _MAX_REDIRECTS = 3
-# redis-py added the per-read timeout in 5.x; older clients fall back to the connection's own.
-_READ_TAKES_TIMEOUT = "timeout" in inspect.signature(AbstractConnection.read_response).parameters
+
+
+class _Connection:
+    """One connection of the store: redis-py opens it (TLS, AUTH, SELECT), the store writes its
+    commands and reads their replies on the socket itself (RESP2).
+
+    The few lines of Python between a lock's round trips are most of its cost on top of them,
+    and they run slower there than in a loop (the thread just woke from its read): the path of
+    a call is kept short, a reply is one ``recv`` for a lock's calls."""
+
+    __slots__ = ("_conn", "_poller", "_sock")
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+        self._sock: socket.socket | None = None
+        self._poller: Any = None
+
+    def ready(self, deadline: float, connect_timeout: float, socket_timeout: float) -> None:
+        """Connect, or reconnect a pooled connection the server has closed (a restart, a
+        client timeout): it reads as EOF at once, before anything was sent."""
+        if self._sock is not None:
+            if not self._poller.poll(0):
+                return
+            self.close()
+        remaining = _remaining(deadline)
+        conn = self._conn
+        conn.socket_connect_timeout = min(connect_timeout, remaining)
+        conn.socket_timeout = min(socket_timeout, remaining)
+        conn.connect()
+        self._sock = sock = conn._sock
+        self._poller = _Poller(sock)
+
+    def call(self, command: bytes, deadline: float) -> Any:
+        """Send one command (in RESP) and read its reply; an error reply is raised."""
+        assert self._sock is not None
+        sock = self._sock
+        sock.settimeout(_remaining(deadline))
+        sock.sendall(command)
+        data = sock.recv(65536)
+        if data[:1] == b":" and data.find(b"\r\n") == len(data) - 2:
+            return int(data[1:-2])  # the reply of a lock's every call but a refused acquire
+        (reply,) = _Replies(sock, deadline, data).read(1)
+        if isinstance(reply, redis.exceptions.ResponseError):
+            raise reply
+        return reply
+
+    def exchange(self, commands: bytes, count: int, deadline: float) -> list[Any]:
+        """Send ``count`` commands (in RESP) in one write and read their replies: one round
+        trip. An error reply comes back as its exception, in place."""
+        assert self._sock is not None
+        self._sock.settimeout(_remaining(deadline))
+        self._sock.sendall(commands)
+        return _Replies(self._sock, deadline, b"").read(count)
+
+    def close(self) -> None:
+        self._sock = self._poller = None
+        self._conn.disconnect()
+
+
+class _Poller:
+    """Whether a socket has something to read, without reading: one poll(2) where available."""
+
+    __slots__ = ("_poll", "_sock")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._poll: Any = None
+        if hasattr(select, "poll"):
+            self._poll = select.poll()
+            self._poll.register(sock, select.POLLIN)
+
+    def poll(self, timeout: float) -> bool:
+        if self._poll is not None:
+            return bool(self._poll.poll(timeout))
+        return bool(select.select([self._sock], [], [], timeout)[0])
 
 
 class _Pool:
@@ -150,16 +222,28 @@ class _Pool:
     def __init__(self, kwargs: dict[str, Any], connection_class: type[Any], size: int) -> None:
         self._kwargs = kwargs
         self._class = connection_class
-        self._idle: list[Any] = []
+        self._idle: list[_Connection] = []
         self._size = size
         self._open = 0  # connections made and not discarded: idle or in use
         self._waiting = 0
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
 
-    def get(self, deadline: float) -> tuple[Any, bool]:
-        """A connection and whether it was used before; ``StoreTimeoutError`` past ``deadline``."""
+    def get(self, deadline: float) -> _Connection:
+        """A connection (not connected yet when new); ``StoreTimeoutError`` past ``deadline``."""
+        try:
+            return self._idle.pop()  # atomic: the usual case takes no lock
+        except IndexError:
+            pass
         with self._cond:
-            while not self._idle and self._open >= self._size:
+            while True:
+                try:
+                    return self._idle.pop()
+                except IndexError:
+                    pass
+                if self._open < self._size:
+                    self._open += 1
+                    break
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise StoreTimeoutError("No free Redis connection before the call's timeout.")
@@ -168,30 +252,27 @@ class _Pool:
                     self._cond.wait(remaining)
                 finally:
                     self._waiting -= 1
-            if self._idle:
-                return self._idle.pop(), True
-            self._open += 1
-        return self._class(**self._kwargs), False
+        return _Connection(self._class(**self._kwargs))
 
-    def put(self, conn: Any) -> None:
-        with self._cond:
+    def put(self, conn: _Connection) -> None:
+        with self._lock:
             self._idle.append(conn)
             if self._waiting:
                 self._cond.notify()
 
-    def discard(self, conn: Any) -> None:
-        conn.disconnect()
-        with self._cond:
+    def discard(self, conn: _Connection) -> None:
+        conn.close()
+        with self._lock:
             self._open -= 1
             if self._waiting:
                 self._cond.notify()
 
     def close(self) -> None:
-        with self._cond:
+        with self._lock:
             idle, self._idle = self._idle, []
             self._open -= len(idle)
         for conn in idle:
-            conn.disconnect()
+            conn.close()
 
 
 class _Process:
@@ -265,7 +346,8 @@ class RedisStore(LockStore):
         if not isinstance(url, str):
             raise ImproperlyConfigured(f"RedisStore option 'url' must be a string, got {url!r}.")
         try:
-            parsed = ConnectionPool.from_url(url, **extra)
+            # The URL wins over the cache's options, as in redis-py's from_url.
+            options = {**extra, **parse_url(url)}  # type: ignore[no-untyped-call]
         except (ValueError, TypeError) as exc:
             raise ImproperlyConfigured(
                 f"RedisStore option 'url' is not a Redis URL ({exc}): use "
@@ -277,13 +359,17 @@ class RedisStore(LockStore):
         self.max_connections = max_connections
         self.cluster = cluster
         self._extra = extra
-        self._connection_class: type[Any] = parsed.connection_class
+        options.pop("max_connections", None)  # the store's own option, not the URL's
+        self._connection_class: type[Any] = options.pop("connection_class", Connection)
         self._connection_kwargs = {
-            **parsed.connection_kwargs,
+            **options,
             "socket_timeout": self.socket_timeout,
             "socket_connect_timeout": self.socket_connect_timeout,
             # One attempt per call: retrying is the caller's decision, within its deadline.
             "retry": Retry(NoBackoff(), 0),
+            # The store reads its own replies (_Connection) in RESP2, where the server sends
+            # nothing but the replies to what was asked (no RESP3 push messages).
+            "protocol": 2,
         }
         self._process: _Process | None = None
         self._process_lock = threading.Lock()
@@ -297,11 +383,23 @@ class RedisStore(LockStore):
     def acquire(
         self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None
     ) -> int | None:
-        result = self._eval("acquire", key, (owner, ttl_ms, holder_name(), key), timeout)
+        names = _names(self.prefix, key)
+        command = b"".join(
+            (
+                _CALLS["acquire"],
+                names.packed_keys[2],
+                _bulk(owner.encode()),
+                _bulk(b"%d" % ttl_ms),
+                _bulk_text(holder_name()),
+                names.packed_key,
+            )
+        )
+        result = self._routed(names.lease, command, timeout, "acquire")
         return None if result is None else int(result)
 
     def renew(self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None) -> bool:
-        return bool(self._eval("renew", key, (owner, ttl_ms), timeout) == 1)
+        name, command = self._renewal(key, owner, ttl_ms)
+        return bool(self._routed(name, command, timeout, "renew") == 1)
 
     def renew_many(
         self, leases: Sequence[tuple[str, str, int]], *, timeout: float | None = None
@@ -313,12 +411,9 @@ class RedisStore(LockStore):
         for index, (key, _, _) in enumerate(leases):
             by_node.setdefault(self._node_for(self._keys(key)[0], deadline), []).append(index)
         results = [False] * len(leases)
-        sha = _SCRIPTS["renew"][1]
         for node, indexes in by_node.items():
-            commands: list[tuple[Any, ...]] = [("SCRIPT", "LOAD", RENEW_SCRIPT)]
-            for index in indexes:
-                key, owner, ttl_ms = leases[index]
-                commands.append(("EVALSHA", sha, 2, *self._keys(key), owner, ttl_ms))
+            commands = [_pack(("SCRIPT", "LOAD", RENEW_SCRIPT))]
+            commands += [self._renewal(*leases[index])[1] for index in indexes]
             replies = self._pipeline(node, commands, deadline)
             for index, reply in zip(indexes, replies[1:], strict=True):
                 if isinstance(reply, redis.exceptions.AskError):
@@ -332,9 +427,9 @@ class RedisStore(LockStore):
         return results
 
     def release(self, key: str, owner: str, *, timeout: float | None = None) -> bool:
-        lease, fence = self._keys(key)
-        command = ("EVALSHA", _SCRIPTS["release"][1], 3, lease, fence, self._wakeup_key(key), owner)
-        return bool(self._routed(lease, command, timeout, "release") == 1)
+        names = _names(self.prefix, key)
+        command = _CALLS["release"] + names.packed_keys[3] + _bulk(owner.encode())
+        return bool(self._routed(names.lease, command, timeout, "release") == 1)
 
     def wait_for_release(self, key: str, timeout: float) -> bool:
         """Block up to ``timeout`` seconds in BLPOP on the key's wake-up list.
@@ -348,7 +443,8 @@ class RedisStore(LockStore):
         deadline = self._deadline(timeout + 1)
         node = self._node_for(wakeup, deadline)
         try:
-            reply = self._call(node, ("BLPOP", wakeup, max(timeout, 0.001)), deadline, pool="wait")
+            command = _pack(("BLPOP", wakeup, max(timeout, 0.001)))
+            reply = self._call(node, command, deadline, pool="wait")
         except StoreTimeoutError:
             if time.monotonic() < deadline:
                 raise
@@ -359,7 +455,8 @@ class RedisStore(LockStore):
         """Held leases only: Redis forgets a lease once it is released or expired."""
         found = []
         for name in self._scan_leases():
-            row = self._routed(name, ("EVALSHA", _SCRIPTS["inspect"][1], 1, name), None, "inspect")
+            command = _pack(("EVALSHA", _SCRIPTS["inspect"][1], 1, name))
+            row = self._routed(name, command, None, "inspect")
             if row is None:
                 continue
             key, owner, holder, token, acquired_at, pttl = row
@@ -388,8 +485,9 @@ class RedisStore(LockStore):
 
     def _force_release(self, lease: bytes) -> bool:
         base = lease[: -len(b"lease")]
-        command = ("EVALSHA", _SCRIPTS["force_release"][1], 3, lease, base + b"fence")
-        reply = self._routed(lease, (*command, base + b"released"), None, "force_release")
+        sha = _SCRIPTS["force_release"][1]
+        command = _pack(("EVALSHA", sha, 3, lease, base + b"fence", base + b"released"))
+        reply = self._routed(lease, command, None, "force_release")
         return bool(reply == 1)
 
     def close(self) -> None:
@@ -424,21 +522,22 @@ class RedisStore(LockStore):
     # Keys and routing.
 
     def _keys(self, key: str) -> tuple[bytes, bytes]:
-        return _names(self.prefix, key)[:2]
+        names = _names(self.prefix, key)
+        return names.lease, names.fence
 
     def _wakeup_key(self, key: str) -> bytes:
-        return _names(self.prefix, key)[2]
+        return _names(self.prefix, key).released
 
-    def _eval(self, script: str, key: str, args: tuple[Any, ...], timeout: float | None) -> Any:
-        lease, fence = self._keys(key)
-        return self._routed(
-            lease, ("EVALSHA", _SCRIPTS[script][1], 2, lease, fence, *args), timeout, script
-        )
+    def _renewal(self, key: str, owner: str, ttl_ms: int) -> tuple[bytes, bytes]:
+        """The lease's name and the renew script's call for it."""
+        names = _names(self.prefix, key)
+        owner_ttl = _bulk(owner.encode()) + _bulk(b"%d" % ttl_ms)
+        return names.lease, _CALLS["renew"] + names.packed_keys[2] + owner_ttl
 
     def _routed(
         self,
         name: bytes,
-        command: tuple[Any, ...],
+        command: bytes,
         timeout: float | None,
         script: str | None = None,
     ) -> Any:
@@ -480,9 +579,8 @@ class RedisStore(LockStore):
         for node in self._primaries(self._deadline(None)):
             cursor = b"0"
             while True:
-                cursor, names = self._call(
-                    node, ("SCAN", cursor, "MATCH", pattern, "COUNT", 1000), None
-                )
+                command = _pack(("SCAN", cursor, "MATCH", pattern, "COUNT", 1000))
+                cursor, names = self._call(node, command, None)
                 yield from names
                 if cursor in (b"0", 0):
                     break
@@ -533,6 +631,9 @@ class RedisStore(LockStore):
 
     def _pool(self, node: tuple[str, int] | None, kind: str) -> _Pool:
         process = self._state()
+        pool = process.pools.get((kind, node))
+        if pool is not None:
+            return pool
         with process.lock:
             pool = process.pools.get((kind, node))
             if pool is None:
@@ -547,12 +648,13 @@ class RedisStore(LockStore):
     def _call(
         self,
         node: tuple[str, int] | None,
-        command: tuple[Any, ...],
+        command: bytes,
         deadline: float | None,
         script: str | None = None,
         pool: str = "ops",
     ) -> Any:
-        """Run ``command`` on ``node`` before ``deadline``; EVALSHA reloads its script on NOSCRIPT.
+        """Run ``command`` (in RESP) on ``node`` before ``deadline``; a ``script`` call reloads
+        its script on NOSCRIPT.
 
         Raises ``AskError`` (a Cluster redirection) as it is, every other failure as a
         ``StoreError`` chained to redis-py's error. A connection that failed or timed out is
@@ -563,54 +665,45 @@ class RedisStore(LockStore):
         if deadline <= time.monotonic():
             raise StoreTimeoutError("The Redis call's timeout had passed before it was sent.")
         connections = self._pool(node, pool)
-        conn, reused = connections.get(deadline)
+        conn = connections.get(deadline)
         try:
-            self._ready(conn, reused, deadline)
+            conn.ready(deadline, self.socket_connect_timeout, self.socket_timeout)
             try:
-                reply = self._roundtrip(conn, command, deadline)
+                reply = conn.call(command, deadline)
             except redis.exceptions.NoScriptError:
                 # The server restarted or ran SCRIPT FLUSH: the script never ran, so loading
                 # it and sending the same call again cannot run it twice.
                 if script is None:
                     raise
-                self._roundtrip(conn, ("SCRIPT", "LOAD", _SCRIPTS[script][0]), deadline)
-                reply = self._roundtrip(conn, command, deadline)
+                conn.call(_pack(("SCRIPT", "LOAD", _SCRIPTS[script][0])), deadline)
+                reply = conn.call(command, deadline)
         except redis.exceptions.ResponseError as exc:
             connections.put(conn)
             if isinstance(exc, redis.exceptions.AskError):
                 raise
-            raise _translate(exc, f"running {command[0]}") from exc
+            raise _translate(exc, f"running {_verb(command)}") from exc
         except BaseException as exc:
             connections.discard(conn)
             if isinstance(exc, redis.exceptions.RedisError | OSError):
                 if node is not None:
                     self._state().refresh = True
-                raise _translate(exc, f"running {command[0]}") from exc
+                raise _translate(exc, f"running {_verb(command)}") from exc
             raise
         connections.put(conn)
         return reply
 
     def _pipeline(
-        self, node: tuple[str, int] | None, commands: list[tuple[Any, ...]], deadline: float
+        self, node: tuple[str, int] | None, commands: list[bytes], deadline: float
     ) -> list[Any]:
-        """Send ``commands`` in one write and read their replies (an error reply comes back as
-        its exception, in place): one round trip."""
+        """Send ``commands`` (in RESP) in one write and read their replies (an error reply comes
+        back as its exception, in place): one round trip."""
         if deadline <= time.monotonic():
             raise StoreTimeoutError("The Redis call's timeout had passed before it was sent.")
         connections = self._pool(node, "ops")
-        conn, reused = connections.get(deadline)
-        replies: list[Any] = []
+        conn = connections.get(deadline)
         try:
-            self._ready(conn, reused, deadline)
-            conn.send_packed_command([b"".join(map(_pack, commands))], check_health=False)
-            for _ in commands:
-                try:
-                    if _READ_TAKES_TIMEOUT:
-                        replies.append(conn.read_response(timeout=_remaining(deadline)))
-                    else:
-                        replies.append(conn.read_response())
-                except redis.exceptions.ResponseError as exc:
-                    replies.append(exc)
+            conn.ready(deadline, self.socket_connect_timeout, self.socket_timeout)
+            replies = conn.exchange(b"".join(commands), len(commands), deadline)
         except BaseException as exc:
             connections.discard(conn)
             if isinstance(exc, redis.exceptions.RedisError | OSError):
@@ -621,24 +714,6 @@ class RedisStore(LockStore):
         connections.put(conn)
         return replies
 
-    def _ready(self, conn: Any, reused: bool, deadline: float) -> None:
-        # A pooled connection the server has closed (a restart, a client timeout) reads as EOF
-        # at once: reconnect rather than fail the call.
-        if reused:
-            if not _readable(conn):
-                return
-            conn.disconnect()
-        remaining = _remaining(deadline)
-        conn.socket_connect_timeout = min(self.socket_connect_timeout, remaining)
-        conn.socket_timeout = min(self.socket_timeout, remaining)
-        conn.connect()
-
-    def _roundtrip(self, conn: Any, command: tuple[Any, ...], deadline: float) -> Any:
-        conn.send_packed_command([_pack(command)], check_health=False)
-        if _READ_TAKES_TIMEOUT:
-            return conn.read_response(timeout=_remaining(deadline))
-        return conn.read_response()
-
     def _check_node(self, node: tuple[str, int] | None) -> list[Any]:
         deadline = time.monotonic() + _CHECK_TIMEOUT
         kwargs = self._connection_kwargs
@@ -647,10 +722,8 @@ class RedisStore(LockStore):
         config = {}
         try:
             for name in ("appendonly", "appendfsync", "save", "maxmemory-policy"):
-                reply = self._call(node, ("CONFIG", "GET", name), deadline)
-                # A map under RESP3, a [name, value] list under RESP2.
-                values = list(reply.values()) if isinstance(reply, dict) else reply[1:]
-                config[name] = values[0].decode() if values else ""
+                reply = self._call(node, _pack(("CONFIG", "GET", name)), deadline)
+                config[name] = reply[1].decode() if reply else ""
         except StoreError as exc:
             if not isinstance(exc.__cause__, redis.exceptions.ResponseError):
                 raise
@@ -749,16 +822,36 @@ def _from_cache(alias: str) -> tuple[str, dict[str, Any]]:
     return location, {k: v for k, v in extra.items() if k not in _CACHE_IGNORED}
 
 
+class _Names(NamedTuple):
+    lease: bytes
+    fence: bytes
+    released: bytes
+    packed_keys: dict[int, bytes]  # the first 2 or 3 names in RESP: a script call's KEYS
+    packed_key: bytes  # the key itself in RESP
+
+
 @functools.lru_cache(maxsize=4096)
-def _names(prefix: str, key: str) -> tuple[bytes, bytes, bytes]:
+def _names(prefix: str, key: str) -> _Names:
     """The names of ``key``'s lease, fencing counter and wake-up list.
 
     The hash tag is a digest, so braces or any other character in a key cannot move the tag, and
     the three always share one Cluster slot. 128 bits: even a collision would only make two keys
     contend; the shared counter still only grows."""
     tag = hashlib.sha256(key.encode()).hexdigest()[:32]
-    base = f"{prefix}:{{{tag}}}:"
-    return (base + "lease").encode(), (base + "fence").encode(), (base + "released").encode()
+    base = f"{prefix}:{{{tag}}}:".encode()
+    lease, fence, released = base + b"lease", base + b"fence", base + b"released"
+    two = _bulk(lease) + _bulk(fence)
+    return _Names(lease, fence, released, {2: two, 3: two + _bulk(released)}, _bulk(key.encode()))
+
+
+def _bulk(arg: bytes) -> bytes:
+    """``arg`` as a RESP bulk string."""
+    return b"$%d\r\n%s\r\n" % (len(arg), arg)
+
+
+@functools.lru_cache(maxsize=16)
+def _bulk_text(text: str) -> bytes:
+    return _bulk(text.encode())
 
 
 def _pack(command: tuple[Any, ...]) -> bytes:
@@ -772,23 +865,104 @@ def _pack(command: tuple[Any, ...]) -> bytes:
             arg = b"%d" % arg
         elif isinstance(arg, float):
             arg = repr(arg).encode()
-        out.append(b"$%d\r\n%s\r\n" % (len(arg), arg))
+        out.append(_bulk(arg))
     return b"".join(out)
 
 
-def _readable(conn: Any) -> bool:
-    """Whether a pooled connection has something to read before we sent anything: the server
-    closed it (a restart, a client timeout), so it must be reconnected. One poll(2), where
-    redis-py's ``can_read`` costs a failed read and two timeout changes."""
-    sock = getattr(conn, "_sock", None)
-    if sock is not None and hasattr(select, "poll"):
-        poller = select.poll()
-        poller.register(sock, select.POLLIN)
-        return bool(poller.poll(0))
-    try:
-        return bool(conn.can_read(timeout=0))
-    except (redis.exceptions.ConnectionError, OSError):
-        return True
+def _script_call(script: str, keys: int, args: int) -> bytes:
+    """The start of an EVALSHA of ``script`` with ``keys`` KEYS and ``args`` ARGV, in RESP: the
+    KEYS and ARGV follow (each a bulk string)."""
+    sha = _SCRIPTS[script][1].encode()
+    return b"*%d\r\n" % (3 + keys + args) + _bulk(b"EVALSHA") + _bulk(sha) + _bulk(b"%d" % keys)
+
+
+# The calls of every lock, made of these and the names of _names (no packing per argument).
+_CALLS = {
+    "acquire": _script_call("acquire", 2, 4),
+    "renew": _script_call("renew", 2, 2),
+    "release": _script_call("release", 3, 1),
+}
+
+
+def _verb(command: bytes) -> str:
+    """The command's name (``EVALSHA``), for error messages."""
+    return command.split(b"\r\n", 3)[2].decode(errors="replace")
+
+
+class _Replies:
+    """RESP2 replies as they arrive on one socket (after ``data``, read already), read before
+    ``deadline``."""
+
+    __slots__ = ("_buffer", "_deadline", "_position", "_sock")
+
+    def __init__(self, sock: socket.socket, deadline: float, data: bytes) -> None:
+        self._sock = sock
+        self._deadline = deadline
+        self._buffer = data
+        self._position = 0
+
+    def read(self, count: int) -> list[Any]:
+        """The next ``count`` replies: all the server sent (anything more is out of step)."""
+        replies = [self._next() for _ in range(count)]
+        if self._position != len(self._buffer):
+            raise redis.exceptions.InvalidResponse("Protocol error: more replies than commands")
+        return replies
+
+    def _next(self) -> Any:
+        line = self._line()
+        kind, rest = line[:1], line[1:]
+        if kind == b"+":
+            return rest
+        if kind == b"-":
+            return _error(rest.decode(errors="replace"))
+        try:
+            if kind == b":":
+                return int(rest)
+            if kind == b"$":
+                return None if rest == b"-1" else self._bulk(int(rest))
+            if kind == b"*":
+                return None if rest == b"-1" else [self._next() for _ in range(int(rest))]
+        except ValueError:
+            pass  # not a number where one must be
+        raise redis.exceptions.InvalidResponse(f"Protocol error, got {line[:40]!r}")
+
+    def _line(self) -> bytes:
+        while (end := self._buffer.find(b"\r\n", self._position)) < 0:
+            self._receive()
+        line = self._buffer[self._position : end]
+        self._position = end + 2
+        return line
+
+    def _bulk(self, size: int) -> bytes:
+        while len(self._buffer) - self._position < size + 2:
+            self._receive()
+        data = self._buffer[self._position : self._position + size]
+        self._position += size + 2
+        return data
+
+    def _receive(self) -> None:
+        if self._position:
+            self._buffer, self._position = self._buffer[self._position :], 0
+        self._sock.settimeout(_remaining(self._deadline))
+        chunk = self._sock.recv(65536)
+        if not chunk:
+            raise redis.exceptions.ConnectionError("Redis closed the connection.")
+        self._buffer += chunk
+
+
+_ERRORS: dict[str, type[redis.exceptions.ResponseError]] = {
+    "NOSCRIPT": redis.exceptions.NoScriptError,
+    "MOVED": redis.exceptions.MovedError,
+    "ASK": redis.exceptions.AskError,
+}
+
+
+def _error(text: str) -> redis.exceptions.ResponseError:
+    """The exception redis-py raises for the error reply ``text`` (those the store tells apart;
+    every other one is a ``ResponseError`` with the server's message)."""
+    code, _, rest = text.partition(" ")
+    error_class = _ERRORS.get(code)
+    return redis.exceptions.ResponseError(text) if error_class is None else error_class(rest)
 
 
 def _translate(exc: BaseException, doing: str) -> StoreError:
