@@ -32,12 +32,38 @@ MARGIN = 0.005
 
 State = Literal["held", "released", "lost", "abandoned", "detached"]
 
-_keepers: weakref.WeakSet[Keeper] = weakref.WeakSet()
+_held: set[Keeper] = set()
+"""Every lock this process holds: a keeper joins when acquired and leaves when it stops being
+held (its timer references it that long anyway). Renewal batches pick theirs from it."""
 
 
 class Keeper:
     """The renewal state of one held lock. Referenced by its timers, never by them to the Lock,
-    so a forgotten ``Lock`` can be garbage-collected (and lapse) while timers are pending."""
+    so a forgotten ``Lock`` can be garbage-collected (and lapse) while timers are pending.
+
+    Made for every lock, between its acquire and release round trips: its ``signal`` is made
+    when first asked for (most locks are released without anybody looking)."""
+
+    __slots__ = (
+        "_batch",
+        "_due",
+        "_in_flight",
+        "_mutex",
+        "_reason",
+        "_renew_at",
+        "_signal",
+        "_timer",
+        "clock",
+        "deadline",
+        "fencing_token",
+        "key",
+        "owner",
+        "sender",
+        "state",
+        "store",
+        "ttl",
+        "ttl_ms",
+    )
 
     def __init__(
         self,
@@ -59,20 +85,42 @@ class Keeper:
         self.fencing_token = fencing_token
         self.ttl = ttl_ms / 1000
         self.ttl_ms = ttl_ms
-        self.signal = AbortSignal()
         self.state: State = "held"
-        self.deadline = 0.0
+        self._signal: AbortSignal | None = None
+        self._reason: BaseException | None = None  # why it ended (None: released)
         self._mutex = threading.RLock()
         self._timer: TimerHandle | None = None  # at the next renewal, then at the deadline
-        self._renew_at = 0.0  # when the next renewal falls due
-        self._due = False  # its renewal fell due and has not been sent yet
         self._in_flight = False  # a renewal of it is being sent
-        _keepers.add(self)
         self._batch = _batch_for(store, clock)
+        _held.add(self)
         with self._mutex:
             self._confirmed(sent)
-        if self._batch is not None:
-            self._batch.add(self)
+
+    @property
+    def signal(self) -> AbortSignal:
+        signal = self._signal
+        if signal is None:
+            with self._mutex:
+                if self._signal is None:
+                    self._signal = AbortSignal()
+                    if self.state != "held":
+                        self._signal._set(self._reason or self._released())
+                signal = self._signal
+        return signal
+
+    def _released(self) -> LockReleasedError:
+        return LockReleasedError(self.key, self.fencing_token)
+
+    def _end(self, state: State, reason: BaseException | None) -> list[Any]:
+        """Stop being held (call with the mutex held): no more timers, and the signal (if it
+        was made) aborts with ``reason`` (``None``: released). Returns its callbacks to run."""
+        self.state = state
+        _held.discard(self)
+        self._cancel_timer()
+        if self._signal is None:
+            self._reason = reason
+            return []
+        return self._signal._set(reason or self._released())
 
     @property
     def held(self) -> bool:
@@ -87,11 +135,8 @@ class Keeper:
     def _schedule_renewal(self, when: float) -> None:
         """One timer per lock: at its next renewal, and once that fell due, at its deadline."""
         self._renew_at = when
-        self._set_timer(min(when, self.deadline))
-
-    def _set_timer(self, when: float) -> None:
         self._cancel_timer()
-        self._timer = self.clock.call_at(when, self._on_timer)
+        self._timer = self.clock.call_at(min(when, self.deadline), self._on_timer)
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
@@ -180,10 +225,8 @@ class Keeper:
 
     def _lose(self, detected_by: DetectedBy) -> Callable[[], None]:
         """Mark the lock lost (call with the mutex held); return the announcement to run after."""
-        self.state = "lost"
-        self._cancel_timer()
         error = LockLostError(self.key, self.fencing_token, detected_by)
-        callbacks = self.signal._set(error)  # the signal aborts now, callbacks run off this path
+        callbacks = self._end("lost", error)  # the signal aborts now, callbacks run off this path
         if detected_by == "deadline":
             # The store may still hold our lease (a renewal was in flight, or it is unreachable);
             # free it for the next holder as soon as the store answers.
@@ -226,43 +269,30 @@ class Keeper:
 
     def release(self) -> bool:
         """Stop renewing and free the lease. ``True`` if the store confirmed it was still ours."""
-        if self._lost_at_deadline():
-            return False
-        with self._mutex:
-            was_held = self.state == "held"
-            if was_held:
-                self.state = "released"
-                self._cancel_timer()
-                callbacks = self.signal._set(LockReleasedError(self.key, self.fencing_token))
-        if not was_held:
-            return False
-        if callbacks:
-            self.clock.notify(lambda: self._run_callbacks(callbacks))
-        return self.store.release(self.key, self.owner)
+        return self._stop() and self.store.release(self.key, self.owner)
 
     def leave(self, ttl_ms: int) -> bool:
         """Stop renewing and leave the lease to lapse ``ttl_ms`` from now (one renewal).
         ``True`` if the store confirmed it was still ours."""
-        if self._lost_at_deadline():
-            return False
+        return self._stop() and self.store.renew(self.key, self.owner, ttl_ms)
+
+    def _stop(self) -> bool:
+        """Stop renewing before a release or a leave; whether the lock was still held. Past the
+        holder deadline it is lost, even before its timer fired (a process just woken from a
+        pause races its timer thread): whichever thread gets there first announces the loss."""
         with self._mutex:
             if self.state != "held":
                 return False
-            self.state = "released"
-            self._cancel_timer()
-            callbacks = self.signal._set(LockReleasedError(self.key, self.fencing_token))
+            lost = self.clock.monotonic() >= self.deadline
+            if lost:
+                announce = self._lose("deadline")
+            else:
+                callbacks = self._end("released", None)
+        if lost:
+            announce()
+            return False
         if callbacks:
             self.clock.notify(lambda: self._run_callbacks(callbacks))
-        return self.store.renew(self.key, self.owner, ttl_ms)
-
-    def _lost_at_deadline(self) -> bool:
-        """A holder past its deadline whose timer has not fired yet (a process just woken from a
-        pause races its timer thread): the lock is lost, whichever thread gets there first."""
-        with self._mutex:
-            if self.state != "held" or self.clock.monotonic() < self.deadline:
-                return False
-            announce = self._lose("deadline")
-        announce()
         return True
 
     def abandon(self) -> None:
@@ -270,10 +300,9 @@ class Keeper:
         with self._mutex:
             if self.state != "held":
                 return
-            self.state = "abandoned"
-            self._cancel_timer()
-            callbacks = self.signal._set(
-                AbortedError(f"lock {self.key!r} was garbage-collected without release()")
+            callbacks = self._end(
+                "abandoned",
+                AbortedError(f"lock {self.key!r} was garbage-collected without release()"),
             )
         logger.warning(
             "Lock %r (fencing token %s) was garbage-collected without release(); it is no longer "
@@ -294,10 +323,15 @@ class Keeper:
         if after_fork:
             # Another thread of the parent may have held these at fork() time.
             self._mutex = threading.RLock()
-            self.signal._mutex = threading.Lock()
+            if self._signal is not None:
+                self._signal._mutex = threading.Lock()
+        self._timer = None  # the clock's, not ours to cancel (a child has no timer thread yet)
+        error = AbortedError(f"lock {self.key!r} is not held here: {reason}")
         self.state = "detached"
-        self._timer = None
-        self.signal._set(AbortedError(f"lock {self.key!r} is not held here: {reason}"))
+        _held.discard(self)
+        self._reason = error
+        if self._signal is not None:
+            self._signal._set(error)
 
 
 class RenewalBatch:
@@ -313,13 +347,8 @@ class RenewalBatch:
         self.store = store
         self.clock = clock
         self._mutex = threading.Lock()
-        self._keepers: weakref.WeakSet[Keeper] = weakref.WeakSet()
         self._running = False
         self._again = False
-
-    def add(self, keeper: Keeper) -> None:
-        with self._mutex:
-            self._keepers.add(keeper)
 
     def due(self) -> None:
         with self._mutex:
@@ -335,12 +364,14 @@ class RenewalBatch:
                 now = self.clock.monotonic()
                 with self._mutex:
                     self._again = False
-                    batch = [keeper for keeper in self._keepers if keeper._wants_renewal(now)]
+                    batch = [
+                        keeper
+                        for keeper in list(_held)  # one step: other threads add and discard
+                        if keeper._batch is self and keeper._wants_renewal(now)
+                    ]
                     for keeper in batch:
                         keeper._in_flight = True
                         keeper._due = False
-                    for keeper in [k for k in self._keepers if k.state != "held"]:
-                        self._keepers.discard(keeper)
                 if batch:
                     self._renew(batch, now)
                 with self._mutex:
@@ -371,34 +402,40 @@ _batches: weakref.WeakKeyDictionary[LockStore, dict[int, RenewalBatch]] = (
 _batches_mutex = threading.Lock()
 
 
+_last_batch: RenewalBatch | None = None  # the one asked for last: nearly always the next one
+
+
 def _batch_for(store: LockStore, clock: Clock) -> RenewalBatch | None:
     """The batch of ``store`` and ``clock`` in this process, or None when the store renews one
     lock per call only."""
+    global _last_batch
+    batch = _last_batch
+    if batch is not None and batch.store is store and batch.clock is clock:
+        return batch
     if type(store).renew_many is LockStore.renew_many:
         return None
-    batch = _batches.get(store, {}).get(id(clock))
-    if batch is not None and batch.clock is clock:
-        return batch
     with _batches_mutex:
         per_clock = _batches.setdefault(store, {})
         batch = per_clock.get(id(clock))
         if batch is None or batch.clock is not clock:
             batch = per_clock[id(clock)] = RenewalBatch(store, clock)
+        _last_batch = batch
         return batch
 
 
 def held_keepers() -> list[Keeper]:
     """Every lock this process is keeping, for the testing reset helper."""
-    return [keeper for keeper in list(_keepers) if keeper.state == "held"]
+    return [keeper for keeper in list(_held) if keeper.state == "held"]
 
 
 def _detach_inherited_locks() -> None:
     # A forked child shares the parent's owner ids: renewing or releasing them here would act on
     # the parent's leases. The child simply does not hold them.
-    global _batches, _batches_mutex
+    global _batches, _batches_mutex, _last_batch
     _batches = weakref.WeakKeyDictionary()
     _batches_mutex = threading.Lock()
-    for keeper in list(_keepers):
+    _last_batch = None
+    for keeper in list(_held):
         keeper.detach("it was inherited across fork() and stays the parent's", after_fork=True)
 
 

@@ -101,6 +101,22 @@ def test_an_abort_signal_stops_the_wait(service: Locks) -> None:
     assert len(service.store.leases()) == before
 
 
+def test_a_signal_first_asked_for_after_release_is_aborted_with_the_reason(
+    service: Locks,
+) -> None:
+    # A lock's signal is made when first asked for: one made after the end is born aborted.
+    lock = service.acquire("k")
+    assert lock is not None
+    assert lock.release() is True
+    reason = lock.signal.reason
+    assert isinstance(reason, LockReleasedError)
+    assert (reason.key, reason.fencing_token) == ("k", lock.fencing_token)
+    seen: list[object] = []
+    lock.signal.add_callback(seen.append)  # runs at once: the signal is aborted already
+    assert seen == [lock.signal]
+    assert lock.signal.reason is reason  # one signal, made once
+
+
 def test_the_signal_aborts_on_release_with_the_reason(service: Locks) -> None:
     lock = service.acquire("k")
     assert lock is not None
