@@ -98,7 +98,8 @@ class _TimerThread:
     COMPACT_AT = 4096
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._heap: list[tuple[float, int, TimerHandle]] = []
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
@@ -107,7 +108,7 @@ class _TimerThread:
 
     def call_at(self, when: float, callback: Task) -> TimerHandle:
         handle = TimerHandle(when, callback, self._count_cancelled)
-        with self._cond:
+        with self._lock:  # the condition's lock (its own `with` is a Python-level call)
             if self._cancelled > self.COMPACT_AT and self._cancelled * 2 > len(self._heap):
                 self._heap = [entry for entry in self._heap if not entry[2].cancelled]
                 heapq.heapify(self._heap)
@@ -156,8 +157,8 @@ class SystemClock(Clock):
 
     _POOL_SIZE = 4
 
-    def monotonic(self) -> float:
-        return time.monotonic()
+    # time.monotonic itself: a builtin is not bound, `clock.monotonic()` calls it directly.
+    monotonic = staticmethod(time.monotonic)
 
     def call_at(self, when: float, callback: Task) -> TimerHandle:
         return _background().timers.call_at(when, callback)

@@ -9,8 +9,8 @@ from django_locks.clock import _TimerThread
 
 
 class CountingCondition(threading.Condition):
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, lock: threading.Lock) -> None:
+        super().__init__(lock)
         self.notified = 0
 
     def notify(self, n: int = 1) -> None:
@@ -20,7 +20,7 @@ class CountingCondition(threading.Condition):
 
 def timer_thread() -> tuple[_TimerThread, CountingCondition]:
     timers = _TimerThread()
-    cond = CountingCondition()
+    cond = CountingCondition(timers._lock)
     timers._cond = cond
     return timers, cond
 
