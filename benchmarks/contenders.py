@@ -8,6 +8,8 @@ their defaults unless noted (a 30 s expiry everywhere, so that nothing lapses du
 from __future__ import annotations
 
 import importlib.util
+import socket
+import urllib.parse
 import zlib
 from typing import Any
 
@@ -215,6 +217,40 @@ def redis_peers(url: str) -> tuple[list[Contender], list[str]]:
 def redis_floor(url: str) -> Contender:
     client = redis_client(url)
     return Contender("floor: 2 x PING", lambda: PingSession(client))
+
+
+class RawPingSession:
+    """Two PINGs written and read on a plain socket, without a client: the round trips alone."""
+
+    PING = b"*1\r\n$4\r\nPING\r\n"
+    PONG = b"+PONG\r\n"
+
+    def __init__(self, url: str) -> None:
+        where = urllib.parse.urlsplit(url)
+        self.sock = socket.create_connection((where.hostname, where.port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as redis-py does
+
+    def pair(self, key: str) -> None:
+        for _ in range(2):
+            self.sock.sendall(self.PING)
+            reply = self.sock.recv(64)
+            while len(reply) < len(self.PONG):
+                reply += self.sock.recv(64)
+            if reply != self.PONG:
+                raise RuntimeError(f"PING got {reply!r}")
+
+    def acquire(self, key: str) -> Any:
+        raise NotImplementedError
+
+    def release(self, handle: Any) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def raw_ping(name: str, url: str) -> Contender:
+    return Contender(name, lambda: RawPingSession(url))
 
 
 # PostgreSQL: plain psycopg connections in autocommit (psycopg 3's default cursor, which

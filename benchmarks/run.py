@@ -40,6 +40,7 @@ THREADS = (1, 4, 16)
 WAITERS = 8
 RENEWAL_LOCKS = 1000
 STORE_CALLS = "  its store calls alone"
+RAW_PING = "  2 x PING, raw socket"
 PREPARED = "  with prepared statements"
 SQL_FUNCTIONS = "  its SQL functions on psycopg"
 
@@ -302,8 +303,13 @@ def run_redis(server: Any, plan: Plan) -> dict[str, Any]:
     for name in missing:
         say(f"({name}: not installed; pip install {name})")
     store_calls = contenders.store_calls(STORE_CALLS, locks.store)
-    section_latency(results, floor, [ours, store_calls, *peers], plan.block_redis, plan)
-    say(f"  ({STORE_CALLS.strip()}: RedisStore.acquire + release without the Lock object.)")
+    raw_ping = contenders.raw_ping(RAW_PING, server.url)
+    section_latency(results, floor, [raw_ping, ours, store_calls, *peers], plan.block_redis, plan)
+    say(
+        f"  ({RAW_PING.strip()}: two PINGs on a plain socket, without redis-py's client: the\n"
+        f"   round trips alone; {STORE_CALLS.strip()}: RedisStore.acquire + release without the\n"
+        "   Lock object.)"
+    )
     say()
     section_throughput(results, [floor, ours, *peers], plan)
     by_name = {peer.name: peer for peer in peers}
