@@ -402,7 +402,8 @@ _batches: weakref.WeakKeyDictionary[LockStore, dict[int, RenewalBatch]] = (
 _batches_mutex = threading.Lock()
 
 
-_last_batch: RenewalBatch | None = None  # the one asked for last: nearly always the next one
+# The batch asked for last, nearly always the next one asked for (it keeps its store alive).
+_last_batch: RenewalBatch | None = None
 
 
 def _batch_for(store: LockStore, clock: Clock) -> RenewalBatch | None:
