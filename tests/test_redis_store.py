@@ -17,7 +17,8 @@ from django.test import override_settings
 from redis.crc import key_slot
 
 from django_locks.exceptions import StoreError, StoreTimeoutError
-from django_locks.stores.redis import RedisStore, _Replies
+from django_locks.stores.redis import RedisStore
+from django_locks.stores.redis_connections import Replies
 from django_locks.testing import LockStoreContract
 
 
@@ -440,7 +441,7 @@ def test_renew_many_survives_a_script_flush_with_one_script_call_per_lease(redis
 
 
 def _read_from(chunks: list[bytes], count: int, *, timeout: float = 5) -> list[object]:
-    """What ``_Replies`` reads from a socket whose peer sends ``chunks`` one by one."""
+    """What ``Replies`` reads from a socket whose peer sends ``chunks`` one by one."""
     ours, theirs = socket.socketpair()
     with ours, theirs:
 
@@ -452,7 +453,7 @@ def _read_from(chunks: list[bytes], count: int, *, timeout: float = 5) -> list[o
         sender = threading.Thread(target=send)
         sender.start()
         try:
-            return _Replies(ours, time.monotonic() + timeout, b"").read(count)
+            return Replies(ours, time.monotonic() + timeout, b"").read(count)
         finally:
             sender.join()
 
@@ -487,7 +488,7 @@ def test_a_reply_out_of_step_or_cut_short_is_an_error():
         with ours:
             theirs.sendall(b"$10\r\nhalf")
             theirs.close()
-            _Replies(ours, time.monotonic() + 5, b"").read(1)
+            Replies(ours, time.monotonic() + 5, b"").read(1)
 
 
 def test_a_reply_that_never_comes_times_out_at_the_deadline():
@@ -495,7 +496,7 @@ def test_a_reply_that_never_comes_times_out_at_the_deadline():
     with ours, theirs:
         started = time.monotonic()
         with pytest.raises(TimeoutError):
-            _Replies(ours, started + 0.2, b":1").read(1)  # the rest of the line never comes
+            Replies(ours, started + 0.2, b":1").read(1)  # the rest of the line never comes
         assert 0.15 < time.monotonic() - started < 1.0
 
 

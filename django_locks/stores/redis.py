@@ -6,7 +6,6 @@ import datetime
 import functools
 import hashlib
 import os
-import select
 import socket
 import threading
 import time
@@ -33,6 +32,8 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImproperlyConfigured(
         "django_locks.stores.RedisStore needs redis-py: pip install 'django-locks[redis]'."
     ) from exc
+
+from django_locks.stores.redis_connections import Pool, bulk, pack, remaining, verb
 
 # Every script below is atomic because Redis runs a script to completion before it serves any
 # other command: the ownership check and the write it guards are one step, never a read followed
@@ -141,146 +142,12 @@ _CHECK_TIMEOUT = 2.0
 _MAX_REDIRECTS = 3
 
 
-class _Connection:
-    """One connection of the store: redis-py opens it (TLS, AUTH, SELECT), the store writes its
-    commands and reads their replies on the socket itself (RESP2).
-
-    The few lines of Python between a lock's round trips are most of its cost on top of them,
-    and they run slower there than in a loop (the thread just woke from its read): the path of
-    a call is kept short, a reply is one ``recv`` for a lock's calls."""
-
-    __slots__ = ("_conn", "_poller", "_sock")
-
-    def __init__(self, conn: Any) -> None:
-        self._conn = conn
-        self._sock: socket.socket | None = None
-        self._poller: Any = None
-
-    def ready(self, deadline: float, connect_timeout: float, socket_timeout: float) -> None:
-        """Connect, or reconnect a pooled connection the server has closed (a restart, a
-        client timeout): it reads as EOF at once, before anything was sent."""
-        if self._sock is not None:
-            if not self._poller.poll(0):
-                return
-            self.close()
-        remaining = _remaining(deadline)
-        conn = self._conn
-        conn.socket_connect_timeout = min(connect_timeout, remaining)
-        conn.socket_timeout = min(socket_timeout, remaining)
-        conn.connect()
-        self._sock = sock = conn._sock
-        self._poller = _Poller(sock)
-
-    def call(self, command: bytes, deadline: float) -> Any:
-        """Send one command (in RESP) and read its reply; an error reply is raised."""
-        assert self._sock is not None
-        sock = self._sock
-        sock.settimeout(_remaining(deadline))
-        sock.sendall(command)
-        data = sock.recv(65536)
-        if data[:1] == b":" and data.find(b"\r\n") == len(data) - 2:
-            return int(data[1:-2])  # the reply of a lock's every call but a refused acquire
-        (reply,) = _Replies(sock, deadline, data).read(1)
-        if isinstance(reply, redis.exceptions.ResponseError):
-            raise reply
-        return reply
-
-    def exchange(self, commands: bytes, count: int, deadline: float) -> list[Any]:
-        """Send ``count`` commands (in RESP) in one write and read their replies: one round
-        trip. An error reply comes back as its exception, in place."""
-        assert self._sock is not None
-        self._sock.settimeout(_remaining(deadline))
-        self._sock.sendall(commands)
-        return _Replies(self._sock, deadline, b"").read(count)
-
-    def close(self) -> None:
-        self._sock = self._poller = None
-        self._conn.disconnect()
-
-
-class _Poller:
-    """Whether a socket has something to read, without reading: one poll(2) where available."""
-
-    __slots__ = ("_poll", "_sock")
-
-    def __init__(self, sock: socket.socket) -> None:
-        self._sock = sock
-        self._poll: Any = None
-        if hasattr(select, "poll"):
-            self._poll = select.poll()
-            self._poll.register(sock, select.POLLIN)
-
-    def poll(self, timeout: float) -> bool:
-        if self._poll is not None:
-            return bool(self._poll.poll(timeout))
-        return bool(select.select([self._sock], [], [], timeout)[0])
-
-
-class _Pool:
-    """At most ``size`` connections to one server, for one process; callers wait their deadline."""
-
-    def __init__(self, kwargs: dict[str, Any], connection_class: type[Any], size: int) -> None:
-        self._kwargs = kwargs
-        self._class = connection_class
-        self._idle: list[_Connection] = []
-        self._size = size
-        self._open = 0  # connections made and not discarded: idle or in use
-        self._waiting = 0
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
-
-    def get(self, deadline: float) -> _Connection:
-        """A connection (not connected yet when new); ``StoreTimeoutError`` past ``deadline``."""
-        try:
-            return self._idle.pop()  # atomic: the usual case takes no lock
-        except IndexError:
-            pass
-        with self._cond:
-            while True:
-                try:
-                    return self._idle.pop()
-                except IndexError:
-                    pass
-                if self._open < self._size:
-                    self._open += 1
-                    break
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise StoreTimeoutError("No free Redis connection before the call's timeout.")
-                self._waiting += 1
-                try:
-                    self._cond.wait(remaining)
-                finally:
-                    self._waiting -= 1
-        return _Connection(self._class(**self._kwargs))
-
-    def put(self, conn: _Connection) -> None:
-        with self._lock:
-            self._idle.append(conn)
-            if self._waiting:
-                self._cond.notify()
-
-    def discard(self, conn: _Connection) -> None:
-        conn.close()
-        with self._lock:
-            self._open -= 1
-            if self._waiting:
-                self._cond.notify()
-
-    def close(self) -> None:
-        with self._lock:
-            idle, self._idle = self._idle, []
-            self._open -= len(idle)
-        for conn in idle:
-            conn.close()
-
-
 class _Process:
     """The connections of one process: rebuilt after ``fork()``, never shared with the parent."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self.pools: dict[tuple[str, tuple[str, int] | None], _Pool] = {}
+        self.pools: dict[tuple[str, tuple[str, int] | None], Pool] = {}
         self.cluster: redis.cluster.RedisCluster | None = None
         self.moved: dict[int, tuple[str, int]] = {}
         self.refresh = False
@@ -367,7 +234,7 @@ class RedisStore(LockStore):
             "socket_connect_timeout": self.socket_connect_timeout,
             # One attempt per call: retrying is the caller's decision, within its deadline.
             "retry": Retry(NoBackoff(), 0),
-            # The store reads its own replies (_Connection) in RESP2, where the server sends
+            # The store reads its own replies (redis_connections) in RESP2, where the server sends
             # nothing but the replies to what was asked (no RESP3 push messages).
             "protocol": 2,
         }
@@ -388,8 +255,8 @@ class RedisStore(LockStore):
             (
                 _CALLS["acquire"],
                 names.packed_keys[2],
-                _bulk(owner.encode()),
-                _bulk(b"%d" % ttl_ms),
+                bulk(owner.encode()),
+                bulk(b"%d" % ttl_ms),
                 _bulk_text(holder_name()),
                 names.packed_key,
             )
@@ -412,14 +279,14 @@ class RedisStore(LockStore):
             by_node.setdefault(self._node_for(self._keys(key)[0], deadline), []).append(index)
         results = [False] * len(leases)
         for node, indexes in by_node.items():
-            commands = [_pack(("SCRIPT", "LOAD", RENEW_SCRIPT))]
+            commands = [pack(("SCRIPT", "LOAD", RENEW_SCRIPT))]
             commands += [self._renewal(*leases[index])[1] for index in indexes]
             replies = self._pipeline(node, commands, deadline)
             for index, reply in zip(indexes, replies[1:], strict=True):
                 if isinstance(reply, redis.exceptions.AskError):
                     # The key's slot moved (Cluster): this one goes on its own, redirected.
                     key, owner, ttl_ms = leases[index]
-                    results[index] = self.renew(key, owner, ttl_ms, timeout=_remaining(deadline))
+                    results[index] = self.renew(key, owner, ttl_ms, timeout=remaining(deadline))
                 elif isinstance(reply, BaseException):
                     raise _translate(reply, "renewing leases")
                 else:
@@ -428,7 +295,7 @@ class RedisStore(LockStore):
 
     def release(self, key: str, owner: str, *, timeout: float | None = None) -> bool:
         names = _names(self.prefix, key)
-        command = _CALLS["release"] + names.packed_keys[3] + _bulk(owner.encode())
+        command = _CALLS["release"] + names.packed_keys[3] + bulk(owner.encode())
         return bool(self._routed(names.lease, command, timeout, "release") == 1)
 
     def wait_for_release(self, key: str, timeout: float) -> bool:
@@ -443,7 +310,7 @@ class RedisStore(LockStore):
         deadline = self._deadline(timeout + 1)
         node = self._node_for(wakeup, deadline)
         try:
-            command = _pack(("BLPOP", wakeup, max(timeout, 0.001)))
+            command = pack(("BLPOP", wakeup, max(timeout, 0.001)))
             reply = self._call(node, command, deadline, pool="wait")
         except StoreTimeoutError:
             if time.monotonic() < deadline:
@@ -455,7 +322,7 @@ class RedisStore(LockStore):
         """Held leases only: Redis forgets a lease once it is released or expired."""
         found = []
         for name in self._scan_leases():
-            command = _pack(("EVALSHA", _SCRIPTS["inspect"][1], 1, name))
+            command = pack(("EVALSHA", _SCRIPTS["inspect"][1], 1, name))
             row = self._routed(name, command, None, "inspect")
             if row is None:
                 continue
@@ -486,7 +353,7 @@ class RedisStore(LockStore):
     def _force_release(self, lease: bytes) -> bool:
         base = lease[: -len(b"lease")]
         sha = _SCRIPTS["force_release"][1]
-        command = _pack(("EVALSHA", sha, 3, lease, base + b"fence", base + b"released"))
+        command = pack(("EVALSHA", sha, 3, lease, base + b"fence", base + b"released"))
         reply = self._routed(lease, command, None, "force_release")
         return bool(reply == 1)
 
@@ -531,7 +398,7 @@ class RedisStore(LockStore):
     def _renewal(self, key: str, owner: str, ttl_ms: int) -> tuple[bytes, bytes]:
         """The lease's name and the renew script's call for it."""
         names = _names(self.prefix, key)
-        owner_ttl = _bulk(owner.encode()) + _bulk(b"%d" % ttl_ms)
+        owner_ttl = bulk(owner.encode()) + bulk(b"%d" % ttl_ms)
         return names.lease, _CALLS["renew"] + names.packed_keys[2] + owner_ttl
 
     def _routed(
@@ -579,7 +446,7 @@ class RedisStore(LockStore):
         for node in self._primaries(self._deadline(None)):
             cursor = b"0"
             while True:
-                command = _pack(("SCAN", cursor, "MATCH", pattern, "COUNT", 1000))
+                command = pack(("SCAN", cursor, "MATCH", pattern, "COUNT", 1000))
                 cursor, names = self._call(node, command, None)
                 yield from names
                 if cursor in (b"0", 0):
@@ -629,7 +496,7 @@ class RedisStore(LockStore):
                     raise _translate(exc, "discovering the Redis Cluster") from exc
             return process.cluster
 
-    def _pool(self, node: tuple[str, int] | None, kind: str) -> _Pool:
+    def _pool(self, node: tuple[str, int] | None, kind: str) -> Pool:
         process = self._state()
         pool = process.pools.get((kind, node))
         if pool is not None:
@@ -640,7 +507,7 @@ class RedisStore(LockStore):
                 kwargs = dict(self._connection_kwargs)
                 if node is not None:
                     kwargs["host"], kwargs["port"] = node
-                pool = process.pools[kind, node] = _Pool(
+                pool = process.pools[kind, node] = Pool(
                     kwargs, self._connection_class, self.max_connections
                 )
             return pool
@@ -675,19 +542,19 @@ class RedisStore(LockStore):
                 # it and sending the same call again cannot run it twice.
                 if script is None:
                     raise
-                conn.call(_pack(("SCRIPT", "LOAD", _SCRIPTS[script][0])), deadline)
+                conn.call(pack(("SCRIPT", "LOAD", _SCRIPTS[script][0])), deadline)
                 reply = conn.call(command, deadline)
         except redis.exceptions.ResponseError as exc:
             connections.put(conn)
             if isinstance(exc, redis.exceptions.AskError):
                 raise
-            raise _translate(exc, f"running {_verb(command)}") from exc
+            raise _translate(exc, f"running {verb(command)}") from exc
         except BaseException as exc:
             connections.discard(conn)
             if isinstance(exc, redis.exceptions.RedisError | OSError):
                 if node is not None:
                     self._state().refresh = True
-                raise _translate(exc, f"running {_verb(command)}") from exc
+                raise _translate(exc, f"running {verb(command)}") from exc
             raise
         connections.put(conn)
         return reply
@@ -722,7 +589,7 @@ class RedisStore(LockStore):
         config = {}
         try:
             for name in ("appendonly", "appendfsync", "save", "maxmemory-policy"):
-                reply = self._call(node, _pack(("CONFIG", "GET", name)), deadline)
+                reply = self._call(node, pack(("CONFIG", "GET", name)), deadline)
                 config[name] = reply[1].decode() if reply else ""
         except StoreError as exc:
             if not isinstance(exc.__cause__, redis.exceptions.ResponseError):
@@ -840,40 +707,20 @@ def _names(prefix: str, key: str) -> _Names:
     tag = hashlib.sha256(key.encode()).hexdigest()[:32]
     base = f"{prefix}:{{{tag}}}:".encode()
     lease, fence, released = base + b"lease", base + b"fence", base + b"released"
-    two = _bulk(lease) + _bulk(fence)
-    return _Names(lease, fence, released, {2: two, 3: two + _bulk(released)}, _bulk(key.encode()))
-
-
-def _bulk(arg: bytes) -> bytes:
-    """``arg`` as a RESP bulk string."""
-    return b"$%d\r\n%s\r\n" % (len(arg), arg)
+    two = bulk(lease) + bulk(fence)
+    return _Names(lease, fence, released, {2: two, 3: two + bulk(released)}, bulk(key.encode()))
 
 
 @functools.lru_cache(maxsize=16)
 def _bulk_text(text: str) -> bytes:
-    return _bulk(text.encode())
-
-
-def _pack(command: tuple[Any, ...]) -> bytes:
-    """``command`` in RESP, as redis-py's ``pack_command`` makes it for the arguments this store
-    sends (bytes, str, int, float), at a fraction of its cost."""
-    out = [b"*%d\r\n" % len(command)]
-    for arg in command:
-        if isinstance(arg, str):
-            arg = arg.encode()
-        elif isinstance(arg, int):
-            arg = b"%d" % arg
-        elif isinstance(arg, float):
-            arg = repr(arg).encode()
-        out.append(_bulk(arg))
-    return b"".join(out)
+    return bulk(text.encode())
 
 
 def _script_call(script: str, keys: int, args: int) -> bytes:
     """The start of an EVALSHA of ``script`` with ``keys`` KEYS and ``args`` ARGV, in RESP: the
     KEYS and ARGV follow (each a bulk string)."""
     sha = _SCRIPTS[script][1].encode()
-    return b"*%d\r\n" % (3 + keys + args) + _bulk(b"EVALSHA") + _bulk(sha) + _bulk(b"%d" % keys)
+    return b"*%d\r\n" % (3 + keys + args) + bulk(b"EVALSHA") + bulk(sha) + bulk(b"%d" % keys)
 
 
 # The calls of every lock, made of these and the names of _names (no packing per argument).
@@ -884,87 +731,6 @@ _CALLS = {
 }
 
 
-def _verb(command: bytes) -> str:
-    """The command's name (``EVALSHA``), for error messages."""
-    return command.split(b"\r\n", 3)[2].decode(errors="replace")
-
-
-class _Replies:
-    """RESP2 replies as they arrive on one socket (after ``data``, read already), read before
-    ``deadline``."""
-
-    __slots__ = ("_buffer", "_deadline", "_position", "_sock")
-
-    def __init__(self, sock: socket.socket, deadline: float, data: bytes) -> None:
-        self._sock = sock
-        self._deadline = deadline
-        self._buffer = data
-        self._position = 0
-
-    def read(self, count: int) -> list[Any]:
-        """The next ``count`` replies: all the server sent (anything more is out of step)."""
-        replies = [self._next() for _ in range(count)]
-        if self._position != len(self._buffer):
-            raise redis.exceptions.InvalidResponse("Protocol error: more replies than commands")
-        return replies
-
-    def _next(self) -> Any:
-        line = self._line()
-        kind, rest = line[:1], line[1:]
-        if kind == b"+":
-            return rest
-        if kind == b"-":
-            return _error(rest.decode(errors="replace"))
-        try:
-            if kind == b":":
-                return int(rest)
-            if kind == b"$":
-                return None if rest == b"-1" else self._bulk(int(rest))
-            if kind == b"*":
-                return None if rest == b"-1" else [self._next() for _ in range(int(rest))]
-        except ValueError:
-            pass  # not a number where one must be
-        raise redis.exceptions.InvalidResponse(f"Protocol error, got {line[:40]!r}")
-
-    def _line(self) -> bytes:
-        while (end := self._buffer.find(b"\r\n", self._position)) < 0:
-            self._receive()
-        line = self._buffer[self._position : end]
-        self._position = end + 2
-        return line
-
-    def _bulk(self, size: int) -> bytes:
-        while len(self._buffer) - self._position < size + 2:
-            self._receive()
-        data = self._buffer[self._position : self._position + size]
-        self._position += size + 2
-        return data
-
-    def _receive(self) -> None:
-        if self._position:
-            self._buffer, self._position = self._buffer[self._position :], 0
-        self._sock.settimeout(_remaining(self._deadline))
-        chunk = self._sock.recv(65536)
-        if not chunk:
-            raise redis.exceptions.ConnectionError("Redis closed the connection.")
-        self._buffer += chunk
-
-
-_ERRORS: dict[str, type[redis.exceptions.ResponseError]] = {
-    "NOSCRIPT": redis.exceptions.NoScriptError,
-    "MOVED": redis.exceptions.MovedError,
-    "ASK": redis.exceptions.AskError,
-}
-
-
-def _error(text: str) -> redis.exceptions.ResponseError:
-    """The exception redis-py raises for the error reply ``text`` (those the store tells apart;
-    every other one is a ``ResponseError`` with the server's message)."""
-    code, _, rest = text.partition(" ")
-    error_class = _ERRORS.get(code)
-    return redis.exceptions.ResponseError(text) if error_class is None else error_class(rest)
-
-
 def _translate(exc: BaseException, doing: str) -> StoreError:
     """The one place a redis-py error becomes a ``StoreError`` (callers chain it)."""
     if isinstance(exc, redis.exceptions.TimeoutError | socket.timeout | StoreTimeoutError):
@@ -972,13 +738,6 @@ def _translate(exc: BaseException, doing: str) -> StoreError:
     if isinstance(exc, StoreError):
         return exc
     return StoreError(f"Redis failed while {doing}: {exc}")
-
-
-def _remaining(deadline: float) -> float:
-    remaining = deadline - time.monotonic()
-    if remaining <= 0:
-        raise StoreTimeoutError("The Redis call's timeout passed.")
-    return remaining
 
 
 def _glob_escape(text: str) -> str:
