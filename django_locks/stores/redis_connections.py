@@ -119,12 +119,12 @@ class Pool:
                 if self._open < self._size:
                     self._open += 1
                     break
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
                     raise StoreTimeoutError("No free Redis connection before the call's timeout.")
                 self._waiting += 1
                 try:
-                    self._cond.wait(remaining)
+                    self._cond.wait(left)
                 finally:
                     self._waiting -= 1
         return PooledConnection(self._class(**self._kwargs))
@@ -205,7 +205,7 @@ class Replies:
             if kind == b":":
                 return int(rest)
             if kind == b"$":
-                return None if rest == b"-1" else self.bulk(int(rest))
+                return None if rest == b"-1" else self._bulk(int(rest))
             if kind == b"*":
                 return None if rest == b"-1" else [self._next() for _ in range(int(rest))]
         except ValueError:
@@ -219,7 +219,7 @@ class Replies:
         self._position = end + 2
         return line
 
-    def bulk(self, size: int) -> bytes:
+    def _bulk(self, size: int) -> bytes:
         while len(self._buffer) - self._position < size + 2:
             self._receive()
         data = self._buffer[self._position : self._position + size]
@@ -252,7 +252,8 @@ def _error(text: str) -> redis.exceptions.ResponseError:
 
 
 def remaining(deadline: float) -> float:
-    remaining = deadline - time.monotonic()
-    if remaining <= 0:
+    """Seconds left before ``deadline``; ``StoreTimeoutError`` once it passed."""
+    left = deadline - time.monotonic()
+    if left <= 0:
         raise StoreTimeoutError("The Redis call's timeout passed.")
-    return remaining
+    return left
