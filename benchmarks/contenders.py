@@ -57,7 +57,21 @@ def django_locks(name: str, locks: Any, note: str = "") -> Contender:
     return Contender(name, lambda: DjangoLocksSession(locks), note)
 
 
-class StoreSession:
+class PairOnly:
+    """A session measured by ``pair()`` alone (a floor, a part of django_locks): it never waits
+    for a lock, so the handoff and waiting harnesses cannot use it."""
+
+    def acquire(self, key: str) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} only measures pair()")
+
+    def release(self, handle: Any) -> None:
+        raise NotImplementedError(f"{type(self).__name__} only measures pair()")
+
+    def close(self) -> None:
+        pass
+
+
+class StoreSession(PairOnly):
     """The store's own calls, without the ``Lock`` around them (no renewal timers, no signal):
     how much of django_locks' time is the round trips."""
 
@@ -68,15 +82,6 @@ class StoreSession:
         if self.store.acquire(key, "bench-store-calls", EXPIRY_S * 1000) is None:
             raise RuntimeError(f"{key!r} was taken")
         self.store.release(key, "bench-store-calls")
-
-    def acquire(self, key: str) -> Any:
-        raise NotImplementedError
-
-    def release(self, handle: Any) -> None:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        pass
 
 
 def store_calls(name: str, store: Any) -> Contender:
@@ -92,7 +97,7 @@ def redis_client(url: str) -> Any:
     return redis.Redis.from_url(url)
 
 
-class PingSession:
+class PingSession(PairOnly):
     """The floor: two PINGs through redis-py's client."""
 
     def __init__(self, client: Any) -> None:
@@ -101,15 +106,6 @@ class PingSession:
     def pair(self, key: str) -> None:
         self.client.ping()
         self.client.ping()
-
-    def acquire(self, key: str) -> Any:
-        raise NotImplementedError
-
-    def release(self, handle: Any) -> None:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        pass
 
 
 class PeerLockSession:
@@ -219,7 +215,7 @@ def redis_floor(url: str) -> Contender:
     return Contender("floor: 2 x PING", lambda: PingSession(client))
 
 
-class RawPingSession:
+class RawPingSession(PairOnly):
     """Two PINGs written and read on a plain socket, without a client: the round trips alone."""
 
     PING = b"*1\r\n$4\r\nPING\r\n"
@@ -238,12 +234,6 @@ class RawPingSession:
                 reply += self.sock.recv(64)
             if reply != self.PONG:
                 raise RuntimeError(f"PING got {reply!r}")
-
-    def acquire(self, key: str) -> Any:
-        raise NotImplementedError
-
-    def release(self, handle: Any) -> None:
-        raise NotImplementedError
 
     def close(self) -> None:
         self.sock.close()
@@ -312,19 +302,13 @@ class PgSession:
         self.conn.close()
 
 
-class FloorWriteSession(PgSession):
+class FloorWriteSession(PgSession, PairOnly):
     """The floor: two committed single-row writes (``UPDATE ... RETURNING``, autocommit)."""
 
     def pair(self, key: str) -> None:
         row = zlib.crc32(key.encode()) % 64
         self.conn.execute(FLOOR_WRITE, (row,)).fetchone()
         self.conn.execute(FLOOR_WRITE, (row,)).fetchone()
-
-    def acquire(self, key: str) -> Any:
-        raise NotImplementedError
-
-    def release(self, handle: Any) -> None:
-        raise NotImplementedError
 
 
 class AdvisorySession(PgSession):
@@ -375,7 +359,7 @@ class RawLeaseSession(PgSession):
         self.conn.execute(RAW_RELEASE, {"key": handle, "owner": self.owner}).fetchall()
 
 
-class SqlFunctionSession(PgSession):
+class SqlFunctionSession(PgSession, PairOnly):
     """The store's SQL functions (migration 0002) called on a plain psycopg connection, which
     prepares them: what its operations cost the server, without Django's connection or the
     store's Python around them."""
@@ -385,12 +369,6 @@ class SqlFunctionSession(PgSession):
         if self.conn.execute(PG_ACQUIRE_CALL, args).fetchone()[0] is None:
             raise RuntimeError(f"{key!r} was taken")
         self.conn.execute(PG_RELEASE_CALL, args[:2]).fetchone()
-
-    def acquire(self, key: str) -> Any:
-        raise NotImplementedError
-
-    def release(self, handle: Any) -> None:
-        raise NotImplementedError
 
 
 def sql_functions(name: str, dsn: dict[str, Any]) -> Contender:
