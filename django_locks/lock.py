@@ -154,5 +154,31 @@ connection_created.connect(_remember_connection, weak=False, dispatch_uid="djang
 
 
 def _in_atomic_block() -> bool:
+    """Whether this thread is inside a real ``transaction.atomic()`` block on any alias.
+
+    The wrapping transactions of Django's ``TestCase`` do not count: a test that takes and
+    releases a lock is not the mistake the warning is about (SPEC section 7)."""
     opened = _opened.__dict__.get("wrappers")
-    return opened is not None and any(conn.in_atomic_block for conn in opened)
+    if opened is None:
+        opened = _seed_opened()
+    return any(conn.in_atomic_block and _real_atomic(conn) for conn in opened)
+
+
+def _seed_opened() -> weakref.WeakSet[Any]:
+    # Connections this thread opened before this module was imported sent `connection_created`
+    # to nobody: take them from Django once per thread (a project without Celery and without
+    # the admin may import django_locks.lock only on its first lock).
+    from django.db import connections
+
+    opened = _opened.__dict__.get("wrappers")
+    if opened is None:
+        opened = _opened.wrappers = weakref.WeakSet()
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is not None:
+            opened.add(conn)
+    return opened
+
+
+def _real_atomic(conn: Any) -> bool:
+    """Whether one of ``conn``'s open atomic blocks is the code's own, not a TestCase's."""
+    return any(not getattr(block, "_from_testcase", False) for block in conn.atomic_blocks)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
 import pytest
+from django.test import TestCase
 
 from django_locks import AbortSignal, Lock, LockNotAcquiredError, Locks, current_lock, locks
 from django_locks.exceptions import LockReleasedError, StoreError
@@ -225,3 +227,69 @@ def test_the_default_service_uses_the_locks_setting() -> None:
     assert isinstance(locks.store, InMemoryStore)
     with locks.lock("default-service") as lock:
         assert lock.held
+
+
+def test_a_connection_opened_before_the_import_still_warns(
+    service: Locks, transactional_db: None
+) -> None:
+    """A thread whose connection was opened while nobody listened to `connection_created` (the
+    project imported django_locks.lock only later) still gets the warning."""
+    from django.db import connection, transaction
+    from django.db.backends.signals import connection_created
+
+    from django_locks.lock import _remember_connection
+
+    logged: list[str] = []
+
+    def thread() -> None:
+        connection_created.disconnect(dispatch_uid="django_locks")
+        try:
+            connection.ensure_connection()
+        finally:
+            connection_created.connect(
+                _remember_connection, weak=False, dispatch_uid="django_locks"
+            )
+        with transaction.atomic():
+            lock = service.acquire("opened-before")
+            assert lock is not None
+            handler = _ListHandler(logged)
+            logger = logging.getLogger("django_locks")
+            logger.addHandler(handler)
+            try:
+                lock.release()
+            finally:
+                logger.removeHandler(handler)
+        connection.close()
+
+    worker = threading.Thread(target=thread)
+    worker.start()
+    worker.join()
+    assert any("Take the lock outside the transaction" in line for line in logged)
+
+
+class _ListHandler(logging.Handler):
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__()
+        self.lines = lines
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+class TestCaseWrappingTransaction(TestCase):
+    """`TestCase` wraps every test in atomic blocks of its own: they are not the code's."""
+
+    def test_its_own_transaction_does_not_warn(self) -> None:
+        service = Locks(InMemoryStore())
+        with self.assertNoLogs("django_locks", level="WARNING"):
+            with service.lock("in-a-testcase"):
+                pass
+
+    def test_a_real_atomic_inside_it_still_warns(self) -> None:
+        from django.db import transaction
+
+        service = Locks(InMemoryStore())
+        with self.assertLogs("django_locks", level="WARNING") as logs:
+            with transaction.atomic(), service.lock("in-a-testcase"):
+                pass
+        assert "Take the lock outside the transaction" in logs.output[0]
