@@ -175,6 +175,28 @@ def test_a_beat_that_cannot_see_a_task_says_so(cluster: Any, redis_server: Any) 
     )
 
 
+def test_one_bad_entry_is_refused_and_beat_and_the_other_entries_go_on(
+    cluster: Any, redis_server: Any
+) -> None:
+    # Its kwargs render an owner lease key of 600 characters: before, beat exited with status 1.
+    bad = {"task": "tests.celeryapp.tasks.tock", "every": 1, "kwargs": {"n": "x" * 600}}
+    processes = cluster(locks=redis_locks(redis_server), schedule={"huge": bad, **EVERY_TICK})
+    processes.worker("w1")
+    beat = processes.beat("b1")
+    wait_for(
+        lambda: len(processes.runs("tick")) >= 4 and len(processes.runs("tock")) >= 4,
+        timeout=60,
+        what="the good entries published while the bad one is due every second",
+    )
+    assert beat.poll() is None, "beat exited"
+    log = processes.log("b1")
+    assert log.count("Beat entry 'huge' (task 'tests.celeryapp.tasks.tock') refused") == 1, log
+    assert "on_one_instance key (template 'tock:{n}')" in log
+    assert "must be 1 to 500 characters once ':owner' is appended, got 611" in log
+    assert "Beat entry 'huge' is still refused" in log  # each later tick, at debug
+    assert {run["n"] for run in processes.runs("tock")} == {7}
+
+
 def test_django_celery_beat_database_scheduler(cluster: Any) -> None:
     # django-celery-beat has no release for Django 6.1 yet: locally that skips; in CI, where
     # requirements-dev.txt installs it next to Django 5.2, its absence is a failure.

@@ -27,6 +27,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -38,6 +39,7 @@ from celery.local import Proxy
 from django_locks import decorators, signals
 from django_locks.decorators import ELSEWHERE, OWNER_SUFFIX, JobSpec, job_spec
 from django_locks.exceptions import LocksError
+from django_locks.keys import MAX_KEY_LENGTH
 from django_locks.lock import Lock
 
 logger = logging.getLogger("django_locks")
@@ -55,6 +57,9 @@ HANDBACK_GRACE = 1.0
 """Seconds a stopping beat keeps a lease after it last published under it. Every beat wakes for
 the same crontab tick within a few milliseconds of the others: a lease handed back at once, right
 after publishing, lets a beat waking a moment later publish that same tick again."""
+
+REFUSAL_REPEAT = 600
+"""Seconds between two ERROR lines about one beat entry refused with the same error."""
 
 _publishing: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
     "django_locks_beat_headers", default=None
@@ -163,9 +168,23 @@ def _on_beat_init(sender: Any, **kwargs: Any) -> None:
         return
     guard = BeatGuard(scheduler)
     scheduler._django_locks_guard = guard
+    # The guard is in place: whatever fails below, each entry is still decided at its tick.
     guard.report()
     if guard.leader_mode:
-        guard.lead()
+        try:
+            guard.lead()
+        except Exception:
+            logger.exception(
+                "This beat (%s) could not campaign for %r at start; it campaigns again at the "
+                "next due entry",
+                guard.holder,
+                guard.leader_key,
+            )
+
+
+def _entry_name(entry: Any) -> str:
+    """A beat entry's name (its task's when it has none)."""
+    return str(getattr(entry, "name", None) or getattr(entry, "task", None) or entry)
 
 
 class BeatGuard:
@@ -181,6 +200,8 @@ class BeatGuard:
         self.leader: Lock | None = None
         self.owned: dict[str, Lock] = {}
         self.published: dict[str, float] = {}  # lease key -> when this beat last published
+        self.refused: dict[str, tuple[str, float]] = {}  # entry -> (its error, when logged)
+        self.now: Callable[[], float] = time.monotonic  # when refusals were logged
         self.mutex = threading.Lock()
         self.holder = f"{socket.gethostname()}:{os.getpid()}"
         self._apply_entry = scheduler.apply_entry
@@ -202,35 +223,47 @@ class BeatGuard:
             logger.exception("django_locks could not read the beat schedule")
             return
         for name, entry in sorted(entries.items()):
-            task = self.app.tasks.get(entry.task)
-            if task is None:
-                if entry.task.startswith("celery."):
-                    continue
-                logger.warning(
-                    "Beat entry %r names task %r, which this beat process has not imported: "
-                    "django_locks cannot see whether it is decorated with on_one_instance, so "
-                    "every beat replica publishes it. Make beat import the task's module "
-                    "(app.autodiscover_tasks() or the imports setting).",
+            try:
+                self.report_entry(name, entry)
+            except Exception:
+                # One entry that cannot be looked at says so; the others are still reported.
+                logger.exception(
+                    "django_locks could not look at beat entry %r; it is decided at each tick "
+                    "(and refused, with the reason, while that fails)",
                     name,
-                    entry.task,
-                )
-                continue
-            spec = task_spec(task)
-            if spec is not None and spec.default_key != task.name:
-                # Its default key is the task's name: claim it (refusing another job's).
-                spec.claim(default=task.name)
-            if spec is not None and spec.once is not None:
-                logger.info(
-                    "Beat entry %r: task %r is published by the beat holding %r",
-                    name,
-                    entry.task,
-                    spec.owner_template(task.name) + OWNER_SUFFIX,
                 )
         if self.leader_mode:
             logger.info(
                 "CELERY_BEAT_LEADER: this beat (%s) publishes only while it leads %r",
                 self.holder,
                 self.leader_key,
+            )
+
+    def report_entry(self, name: str, entry: Any) -> None:
+        """Log, at beat start, whether beat enforces one entry or cannot see its task."""
+        task = self.app.tasks.get(entry.task)
+        if task is None:
+            if entry.task.startswith("celery."):
+                return
+            logger.warning(
+                "Beat entry %r names task %r, which this beat process has not imported: "
+                "django_locks cannot see whether it is decorated with on_one_instance, so "
+                "every beat replica publishes it. Make beat import the task's module "
+                "(app.autodiscover_tasks() or the imports setting).",
+                name,
+                entry.task,
+            )
+            return
+        spec = task_spec(task)
+        if spec is not None and spec.default_key != task.name:
+            # Its default key is the task's name: claim it (refusing another job's).
+            spec.claim(default=task.name)
+        if spec is not None and spec.once is not None:
+            logger.info(
+                "Beat entry %r: task %r is published by the beat holding %r",
+                name,
+                entry.task,
+                spec.owner_template(task.name) + OWNER_SUFFIX,
             )
 
     def lead(self) -> bool:
@@ -294,7 +327,14 @@ class BeatGuard:
         return lock
 
     def apply_entry(self, entry: Any, producer: Any = None) -> Any:
-        """Publish ``entry`` only where it is this beat's to publish, with our headers."""
+        """Publish ``entry`` only where it is this beat's to publish, with our headers.
+
+        Nothing one entry holds can stop beat: an entry whose owner lease key cannot be rendered,
+        whose task cannot be looked at, or that fails in any other way before it is published is
+        refused on its own (not published this tick, see :meth:`refuse`); a store that does not
+        answer refuses the entry too (never fail open). Every other entry goes on.
+        """
+        name = _entry_name(entry)
         headers: dict[str, Any] = {}
         try:
             if self.leader_mode:
@@ -305,16 +345,43 @@ class BeatGuard:
             task = self.app.tasks.get(entry.task)
             spec = task_spec(task) if task is not None else None
             if spec is not None and spec.once is not None:
-                key = self.entry_key(task, spec, entry)
+                try:
+                    key = self.entry_key(task, spec, entry)
+                except Exception as exc:
+                    self.refuse(
+                        name,
+                        entry,
+                        exc,
+                        f"its arguments render no valid on_one_instance key "
+                        f"(template {spec.owner_template(task.name)!r})",
+                        "give the entry arguments that fit the task and render a key of 1 to "
+                        f"{MAX_KEY_LENGTH} characters with ':owner' appended, or change the key "
+                        "template (a long argument can be hashed into a shorter one)",
+                    )
+                    return None
                 lock = self.owner_lease(key, spec)
                 if lock is None:
                     decorators.skipped(entry.task, key, ELSEWHERE, level=logging.DEBUG)
+                    self.refused.pop(name, None)
                     return None
                 headers = {HEADER_KEY: key, HEADER_TOKEN: lock.fencing_token}
         except LocksError as exc:
             # Never fail open: without an answer from the store this beat does not publish.
             logger.error("Not publishing %s: the lock store failed (%s)", entry.task, exc)
             return None
+        except Exception as exc:
+            self.refuse(
+                name,
+                entry,
+                exc,
+                "django_locks could not tell whether this beat may publish it",
+                "make sure beat can import the task's module and that the entry's task and "
+                "arguments fit the task (the traceback says where it failed)",
+                traceback=True,
+            )
+            return None
+        if self.refused.pop(name, None) is not None:
+            logger.info("Beat entry %r (task %r) is published again", name, entry.task)
         headers[HEADER_SCHEDULED] = datetime.datetime.now(datetime.UTC).isoformat()
         headers[HEADER_BEAT] = self.holder
         reset = _publishing.set(headers)
@@ -324,6 +391,42 @@ class BeatGuard:
             _publishing.reset(reset)
             if HEADER_KEY in headers:
                 self.published[headers[HEADER_KEY]] = self.locks.clock.monotonic()
+
+    def refuse(
+        self,
+        name: str,
+        entry: Any,
+        exc: BaseException,
+        problem: str,
+        fix: str,
+        *,
+        traceback: bool = False,
+    ) -> None:
+        """Log that the entry ``name`` is not published this tick.
+
+        ERROR the first time an entry is refused with a given error, and again every
+        :data:`REFUSAL_REPEAT` seconds while it lasts (beat ticks every few seconds: one line per
+        tick would bury everything else); DEBUG in between.
+        """
+        error = f"{type(exc).__name__}: {exc}"
+        now = self.now()
+        last = self.refused.get(name)
+        if last is not None and last[0] == error and now - last[1] < REFUSAL_REPEAT:
+            logger.debug("Beat entry %r is still refused (%s)", name, error)
+            return
+        self.refused[name] = (error, now)
+        logger.error(
+            "Beat entry %r (task %r) refused, not published: %s: %s. Fix: %s. Beat and every "
+            "other entry go on; this entry is refused at each tick until it is fixed (logged "
+            "again every %d s while the error lasts).",
+            name,
+            getattr(entry, "task", None),
+            problem,
+            error,
+            fix,
+            REFUSAL_REPEAT,
+            exc_info=exc if traceback else None,
+        )
 
     def leader_token(self) -> int | None:
         leader = self.leader
@@ -344,6 +447,15 @@ class BeatGuard:
         leader, self.leader = self.leader, None
         if leader is not None:
             held.append(leader)
+        try:
+            self.hand_back(held)
+        finally:
+            # Whatever handing back did, the scheduler is closed (its schedule is synced).
+            result = self._close()
+        return result
+
+    def hand_back(self, held: list[Lock]) -> None:
+        """Release every lease in ``held``, one failure not keeping the others."""
         now = self.locks.clock.monotonic()
         for lock in held:
             since = now - self.published.get(lock.key, float("-inf"))
@@ -361,7 +473,8 @@ class BeatGuard:
                     logger.info("This beat handed back %r", lock.key)
             except LocksError as exc:
                 logger.warning("Handing back %r failed (%s); it lapses at its ttl", lock.key, exc)
-        return self._close()
+            except Exception:
+                logger.exception("Handing back %r failed; it lapses at its ttl", lock.key)
 
 
 def _add_headers(headers: dict[str, Any] | None = None, **kwargs: Any) -> None:
@@ -376,7 +489,14 @@ def _add_headers(headers: dict[str, Any] | None = None, **kwargs: Any) -> None:
 
 def _on_task_prerun(sender: Any = None, task: Any = None, **kwargs: Any) -> None:
     """Log where a run came from; warn when a decorated task came from an unguarded beat."""
-    task = task or sender
+    try:
+        _log_origin(task or sender)
+    except Exception:
+        # A log line is never worth failing (or delaying) the run it describes.
+        logger.warning("django_locks could not read where a task run came from", exc_info=True)
+
+
+def _log_origin(task: Any) -> None:
     if task is None:
         return
     request = getattr(task, "request", None)

@@ -2,7 +2,7 @@
 
 ``DL_DB``: the SQLite file every process shares; ``DL_BROKER``: the Redis broker URL;
 ``DL_LOCKS``: the ``LOCKS`` setting as JSON; ``DL_SCHEDULE``: beat entries as JSON
-(``{"name": {"task": ..., "every": seconds, "args": [...]}}``); ``DL_BEAT_APP``: add
+(``{"name": {"task": ..., "every": seconds, "args": [...], "kwargs": {...}}}``); ``DL_BEAT_APP``: add
 django_celery_beat to INSTALLED_APPS; ``DL_RUNS``: where tasks record their runs.
 """
 
@@ -42,6 +42,7 @@ CELERY_BEAT_SCHEDULE: dict[str, Any] = {
         "task": entry["task"],
         "schedule": timedelta(seconds=entry["every"]),
         "args": entry.get("args", []),
+        "kwargs": entry.get("kwargs", {}),
     }
     for name, entry in json.loads(os.environ.get("DL_SCHEDULE") or "{}").items()
 }
