@@ -112,6 +112,16 @@ class LockStore:
         """
         raise NotImplementedError
 
+    def warp(self, delta_ms: int) -> None:
+        """Testing aid: time travel. Move every live lease's expiry ``delta_ms`` milliseconds
+        earlier, as if the store's clock had run that much further: a lease with less than
+        ``delta_ms`` left is then expired (exactly as by its ttl: no release notice, its token
+        kept). Released and expired leases are untouched. ``ManualClock`` calls it for the stores
+        attached to it (``ManualClock(stores=[store])``) each time its time moves, so expiry and
+        takeover tests on a server store need no sleeping. Never call it in production.
+        """
+        raise NotImplementedError
+
     def wait_for_release(self, key: str, timeout: float) -> bool:
         """Block up to ``timeout`` seconds for a notice that ``key`` was released.
 

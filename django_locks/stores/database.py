@@ -142,6 +142,10 @@ def _pg_notifying(update: str) -> str:
 PG_RELEASE = _pg_notifying(_PG_FREE + " AND lease.key = %s AND lease.owner = %s")
 PG_FORCE_RELEASE = _pg_notifying(_PG_FREE + " AND lease.key = %s")
 PG_CLEAR = _pg_notifying(_PG_FREE)
+# Testing aid (LockStore.warp): every live lease's expiry moved earlier, as if time had passed.
+PG_WARP = f"""
+UPDATE {TABLE} AS lease SET expires_at = lease.expires_at - %s * interval '1 millisecond'
+WHERE {_PG_LIVE}"""
 PG_LEASES = f"""
 SELECT lease.key, lease.owner, lease.holder, lease.fencing_token, lease.acquired_at,
     CASE WHEN lease.released_at IS NOT NULL THEN 'released'
@@ -196,6 +200,8 @@ WHERE {_SQLITE_LIVE}"""
 SQLITE_RELEASE = _SQLITE_FREE + " AND key = ? AND owner = ?"
 SQLITE_FORCE_RELEASE = _SQLITE_FREE + " AND key = ?"
 SQLITE_CLEAR = _SQLITE_FREE
+SQLITE_WARP = f"""
+UPDATE {TABLE} SET expires_at = strftime('%Y-%m-%d %H:%M:%f', expires_at, ?) WHERE {_SQLITE_LIVE}"""
 SQLITE_LEASES = f"""
 SELECT key, owner, holder, fencing_token, acquired_at,
     CASE WHEN released_at IS NOT NULL THEN 'released'
@@ -394,6 +400,15 @@ class DatabaseStore(LockStore):
 
     def clear(self) -> None:
         self._update(PG_CLEAR, SQLITE_CLEAR, (), None)
+
+    def warp(self, delta_ms: int) -> None:
+        def pg(cursor: Any) -> None:
+            cursor.execute(PG_WARP, (delta_ms,))
+
+        def sqlite(cursor: Any) -> None:
+            cursor.execute(SQLITE_WARP, (f"-{delta_ms / 1000:.3f} seconds",))
+
+        self._pools.run(pg, sqlite, None, renewal=False)
 
     def force_release(self, key: str) -> bool:
         return self._update(PG_FORCE_RELEASE, SQLITE_FORCE_RELEASE, (key,), None) == 1

@@ -111,6 +111,13 @@ class InMemoryStore(LockStore):
             self._mark_released(key, lease)
             return True
 
+    def warp(self, delta_ms: int) -> None:
+        with self._mutex:
+            now = self._now()
+            for key in list(self._leases):
+                if self._live(key, now) is not None:
+                    self._leases[key].expires_at -= delta_ms / 1000
+
     def clear(self) -> None:
         with self._mutex:
             for key, lease in self._leases.items():

@@ -384,6 +384,33 @@ class LockStoreContract(TransactionTestCase):
         assert token is not None and again is not None
         self.assertGreater(again, token)
 
+    # Time travel (optional, for tests: ManualClock(stores=[...])).
+
+    def test_warp_expires_a_lease_without_waiting_and_keeps_the_token_growing(self) -> None:
+        key, first, second = self.key("warped"), _owner(), _owner()
+        token = self.store.acquire(key, first, 60_000)
+        assert token is not None
+        self.optional(lambda: self.store.warp(30_000))
+        self.assertIsNone(self.store.acquire(key, second, 60_000), "30 s of 60 s: still held")
+        self.store.warp(31_000)
+        self.assertFalse(self.store.renew(key, first, 60_000), "an expired lease is not revived")
+        newer = self.store.acquire(key, second, 60_000)
+        self.assertIsNotNone(newer)
+        assert newer is not None
+        self.assertGreater(newer, token)
+        self.assertTrue(self.store.release(key, second))
+
+    def test_warp_leaves_released_leases_and_renewed_time_alone(self) -> None:
+        key, owner = self.key("renewed"), _owner()
+        self.assertIsNotNone(self.store.acquire(key, owner, 60_000))
+        self.optional(lambda: self.store.warp(50_000))
+        self.assertTrue(self.store.renew(key, owner, 60_000))  # 60 s from now again
+        self.store.warp(50_000)
+        self.assertTrue(self.store.renew(key, owner, 60_000))
+        self.assertTrue(self.store.release(key, owner))
+        self.store.warp(120_000)
+        self.assertFalse(self.store.release(key, owner))
+
     def test_wait_for_release_wakes_a_waiter_when_the_key_is_released(self) -> None:
         owner = _owner()
         self.store.acquire(self.key(), owner, 60_000)
