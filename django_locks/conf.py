@@ -73,7 +73,7 @@ def read(raw: object = None) -> LocksSettings:
             f"LOCKS['BACKEND'] {path!r} cannot be imported ({exc}). Use "
             "'django_locks.stores.DatabaseStore', 'django_locks.stores.RedisStore' or the dotted "
             "path of your own LockStore subclass (installing its extra, such as "
-            "django-locks[redis])."
+            "django-distributed-locks[redis])."
         ) from exc
     if not (isinstance(backend, type) and issubclass(backend, LockStore)):
         raise ImproperlyConfigured(

@@ -30,7 +30,8 @@ try:
     from redis.retry import Retry
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImproperlyConfigured(
-        "django_locks.stores.RedisStore needs redis-py: pip install 'django-distributed-locks[redis]'."
+        "django_locks.stores.RedisStore needs redis-py: "
+        "pip install 'django-distributed-locks[redis]'."
     ) from exc
 
 from django_locks.stores.redis_connections import Pool, bulk, pack, remaining, verb

@@ -1,4 +1,4 @@
-"""pytest plugin (registered by the ``django-locks`` distribution): the ``locks_reset`` fixture."""
+"""The pytest plugin of the ``django-distributed-locks`` distribution: ``locks_reset``."""
 
 from __future__ import annotations
 
