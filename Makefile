@@ -8,6 +8,10 @@ PY := $(VENV)/bin/python
 $(VENV)/.installed: pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	# The distribution was called django-locks before 0.2.0: an old editable install of it (or
+	# the unrelated PyPI project of that name, which also imports as django_locks) would shadow
+	# this checkout.
+	$(PY) -m pip uninstall -q -y django-locks 2>/dev/null || true
 	$(PY) -m pip install -q -e . -r requirements-dev.txt
 	touch $@
 
