@@ -1,6 +1,7 @@
 """Django signals django_locks sends, each also logged on the ``django_locks`` logger.
 
-Every signal is sent with ``sender=`` the service's class and keyword arguments only, robustly (a
+Every signal is sent with one sender, the ``Locks`` class (whoever sends it: the service or a
+subclass, ``run_leader``, the beat hook), and keyword arguments only, robustly (a
 failing receiver is logged and never breaks the sender), and never on the renewal thread.
 
 * ``lock_lost(key, fencing_token, detected_by)``: a held lock stopped being ours.

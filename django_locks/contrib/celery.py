@@ -39,6 +39,7 @@ from celery.local import Proxy
 from django_locks import decorators, signals
 from django_locks.decorators import ELSEWHERE, OWNER_SUFFIX, JobSpec, job_spec
 from django_locks.exceptions import LocksError
+from django_locks.service import Locks
 from django_locks.keys import MAX_KEY_LENGTH
 from django_locks.lock import Lock
 
@@ -282,7 +283,7 @@ class BeatGuard:
             )
             signals.send(
                 signals.leadership_lost,
-                type(self.locks),
+                Locks,
                 key=self.leader_key,
                 fencing_token=leader.fencing_token,
                 reason="lost",
@@ -299,7 +300,7 @@ class BeatGuard:
         )
         signals.send(
             signals.leadership_acquired,
-            type(self.locks),
+            Locks,
             key=self.leader_key,
             fencing_token=lock.fencing_token,
             lock=lock,
