@@ -11,7 +11,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 from django_locks.clock import Clock
-from django_locks.durations import to_milliseconds
+from django_locks.durations import min_hold_ms, ttl_ms
 from django_locks.stores.base import LockStore
 
 if TYPE_CHECKING:
@@ -84,9 +84,9 @@ def read(raw: object = None) -> LocksSettings:
     if not isinstance(options, dict):
         raise ImproperlyConfigured(f"LOCKS['OPTIONS'] must be a dict, got {options!r}.")
     durations = {}
-    for name in ("TTL", "MIN_HOLD"):
+    for name, bounded in (("TTL", ttl_ms), ("MIN_HOLD", min_hold_ms)):
         try:
-            durations[name] = to_milliseconds(values[name], name=f"LOCKS['{name}']")
+            durations[name] = bounded(values[name], name=f"LOCKS['{name}']")
         except (TypeError, ValueError) as exc:
             raise ImproperlyConfigured(str(exc)) from exc
     for name in ("ALLOW_IN_MEMORY_STORAGE", "CELERY_BEAT_LEADER"):

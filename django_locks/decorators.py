@@ -32,9 +32,9 @@ import types
 from collections.abc import Callable
 from typing import Any, TypeVar, cast, overload
 
-from django_locks import registry, signals
+from django_locks import durations, registry, signals
 from django_locks.context import running_under
-from django_locks.durations import Duration, to_milliseconds
+from django_locks.durations import Duration
 from django_locks.exceptions import LocksError, StoreError
 from django_locks.keys import check_template, render_key, template_fields, validate_key
 from django_locks.lock import Lock
@@ -152,8 +152,8 @@ def on_one_instance(
     _check_key_argument(key, suffix=OWNER_SUFFIX)
     spec = OnceSpec(
         key=key,
-        ttl_ms=None if ttl is None else to_milliseconds(ttl, name="ttl"),
-        min_hold_ms=None if min_hold is None else to_milliseconds(min_hold, name="min_hold"),
+        ttl_ms=None if ttl is None else durations.ttl_ms(ttl),
+        min_hold_ms=None if min_hold is None else durations.min_hold_ms(min_hold),
     )
 
     def decorate(target: F) -> F:
@@ -185,7 +185,7 @@ def without_overlapping(
     if callable(key):
         return without_overlapping()(key)
     _check_key_argument(key)
-    spec = RunSpec(key=key, ttl_ms=None if ttl is None else to_milliseconds(ttl, name="ttl"))
+    spec = RunSpec(key=key, ttl_ms=None if ttl is None else durations.ttl_ms(ttl))
 
     def decorate(target: F) -> F:
         return cast(F, _decorate(target, run=spec))

@@ -21,9 +21,9 @@ from typing import Any, Literal
 from django.db import close_old_connections
 from django.utils.module_loading import autodiscover_modules
 
-from django_locks import registry, signals
+from django_locks import durations, registry, signals
 from django_locks.context import running_under
-from django_locks.durations import Duration, to_milliseconds
+from django_locks.durations import Duration
 from django_locks.exceptions import AbortedError, LockLostError, StoreError
 from django_locks.keys import validate_key
 from django_locks.lock import Lock
@@ -69,7 +69,7 @@ def leader_election(key: str, *, ttl: Duration | None = None) -> Callable[[Any],
     another job or election already uses ``key``.
     """
     validate_key(key)
-    ttl_ms = None if ttl is None else to_milliseconds(ttl, name="ttl")
+    ttl_ms = None if ttl is None else durations.ttl_ms(ttl)
 
     def decorate(target: Any) -> Any:
         if inspect.isclass(target):

@@ -13,7 +13,7 @@ from typing import Any
 from django.db.backends.signals import connection_created
 
 from django_locks.abort import AbortSignal
-from django_locks.durations import Duration, to_milliseconds
+from django_locks.durations import Duration, lease_ms
 from django_locks.renewal import Keeper
 
 logger = logging.getLogger("django_locks")
@@ -97,9 +97,10 @@ class Lock:
 
         For a short-lived process that must keep others out for a while after it exits (a
         management command's ``min_hold``). Returns ``True`` when the store confirmed the lease
-        was still ours; raises ``StoreError`` when the store cannot be reached.
+        was still ours; raises ``StoreError`` when the store cannot be reached. ``duration`` is
+        1 ms to 366 days (``ValueError`` / ``TypeError`` otherwise, before any I/O).
         """
-        return self._keeper.leave(to_milliseconds(duration, name="duration"))
+        return self._keeper.leave(lease_ms(duration, name="duration"))
 
     async def arelease(self) -> bool:
         """:meth:`release` without blocking the event loop."""

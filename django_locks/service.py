@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from django.utils.functional import LazyObject, empty
 
+from django_locks import durations
 from django_locks.abort import AbortSignal
 from django_locks.clock import Clock, system_clock
 from django_locks.context import _current
@@ -36,8 +37,8 @@ BACKOFF_FIRST = 0.025
 """Seconds before the second try of a waiting acquire; doubled each try..."""
 BACKOFF_CAP = 1.0
 """...up to this many seconds, each delay drawn at random from its upper half (jitter)."""
-MIN_TTL_MS = 50
-"""The shortest ttl a lock may have, in milliseconds."""
+MIN_TTL_MS = durations.MIN_TTL_MS
+"""The shortest ttl a lock may have, in milliseconds (``django_locks.durations`` has the bounds)."""
 NOTICE_SLICE = 0.25
 """Seconds of one wait for a store's release notice, between checks of the abort signal."""
 
@@ -204,7 +205,8 @@ class Locks:
     ) -> tuple[int, float]:
         validate_key(key)
         ttl_ms = self.ttl_ms if ttl is None else _lock_ttl(ttl)
-        wait_s = 0.0 if wait == 0 else to_milliseconds(wait, name="wait", allow_zero=True) / 1000
+        # The common `wait=0` skips parsing; `False` (== 0) is refused like `True`.
+        wait_s = 0.0 if type(wait) is int and wait == 0 else durations.wait_ms(wait) / 1000
         if signal is not None and not isinstance(signal, AbortSignal):
             raise TypeError(f"`signal` must be an AbortSignal or None, got {signal!r}")
         return ttl_ms, wait_s
@@ -361,13 +363,7 @@ os.register_at_fork(after_in_child=_renew_owners_after_fork)
 
 
 def _lock_ttl(ttl: Duration) -> int:
-    ttl_ms = to_milliseconds(ttl, name="ttl")
-    if ttl_ms < MIN_TTL_MS:
-        raise ValueError(
-            f"`ttl` must be at least {MIN_TTL_MS}ms (the holder's deadline keeps a margin and "
-            f"renews every ttl/3), got {ttl!r}"
-        )
-    return ttl_ms
+    return durations.ttl_ms(ttl)
 
 
 def _backoff(attempt: int) -> float:

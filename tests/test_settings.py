@@ -31,7 +31,7 @@ def ready() -> None:
         ({"BACKEND": "django_locks.lock.Lock"}, "is not a LockStore subclass"),
         ({"BACKEND": MEMORY, "OPTIONS": {"colour": "red"}}, "LOCKS['OPTIONS'] are not valid"),
         ({"BACKEND": MEMORY, "TTL": "5x"}, "`LOCKS['TTL']` must be a positive duration"),
-        ({"BACKEND": MEMORY, "MIN_HOLD": 0}, "`LOCKS['MIN_HOLD']` must be a positive duration"),
+        ({"BACKEND": MEMORY, "MIN_HOLD": -1}, "`LOCKS['MIN_HOLD']` must be a non-negative"),
         ({"TTL": "30s", "TIMEOUT": 5}, "unknown keys ['TIMEOUT']"),
         ({"BACKEND": MEMORY, "CLOCK": 42}, "LOCKS['CLOCK'] must be None"),
         ({"BACKEND": MEMORY, "ALLOW_IN_MEMORY_STORAGE": "yes"}, "must be True or False"),

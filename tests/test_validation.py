@@ -73,7 +73,7 @@ def test_bad_ttls_are_refused_naming_the_argument(service, store, ttl, error) ->
 
 
 def test_a_ttl_too_short_to_renew_is_refused(service, store) -> None:
-    with pytest.raises(ValueError, match="`ttl` must be at least 50ms"):
+    with pytest.raises(ValueError, match="`ttl` must be a positive duration of at least 50ms"):
         service.acquire("k", ttl="4ms")
     assert store.leases(include_inactive=True) == []
 
