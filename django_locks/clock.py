@@ -28,6 +28,12 @@ logger = logging.getLogger("django_locks")
 
 Task = Callable[[], object]
 
+MAX_WAIT = 3600.0
+"""The longest one wait of a background thread, in seconds: far below ``threading.TIMEOUT_MAX``,
+so no deadline, however far, makes a wait overflow; the thread wakes and waits again."""
+ERROR_PAUSE = 0.1
+"""Seconds a background thread pauses after an unexpected error, so one that repeats cannot spin."""
+
 
 class TimerHandle:
     """A scheduled call; :meth:`cancel` stops it if it has not run yet."""
@@ -107,6 +113,10 @@ class _TimerThread:
         self._cancelled = 0  # cancelled timers still in the heap (approximately)
 
     def call_at(self, when: float, callback: Task) -> TimerHandle:
+        if type(when) is not float:
+            when = float(when)  # here, in the caller: a bad value never enters the heap
+        if when != when:
+            when = math.inf  # NaN would break the heap's order: it never falls due
         handle = TimerHandle(when, callback, self._count_cancelled)
         with self._lock:  # the condition's lock (its own `with` is a Python-level call)
             if self._cancelled > self.COMPACT_AT and self._cancelled * 2 > len(self._heap):
@@ -128,28 +138,42 @@ class _TimerThread:
         self._cancelled += 1  # a heuristic: a lost update under a race only delays a rebuild
 
     def _run(self) -> None:
+        # Nothing ends this loop: every lock of the process depends on it (SPEC section 10).
         while True:
-            with self._cond:
-                while True:
-                    now = time.monotonic()
-                    heap = self._heap
-                    while heap and heap[0][2].cancelled and heap[0][0] <= now + self.SWEEP:
-                        heapq.heappop(heap)
-                        self._cancelled -= 1
-                    if heap and heap[0][0] <= now:
-                        break
-                    self._wake_at = heap[0][0] if heap else math.inf
-                    self._cond.wait(self._wake_at - now if heap else None)
-                _, _, handle = heapq.heappop(heap)
-                self._wake_at = -math.inf  # awake: nobody needs to wake it
-                if handle.cancelled:
-                    self._cancelled -= 1
+            try:
+                handle = self._next()
+                if handle is None:
                     continue
-                handle.on_cancel = None  # out of the heap: its cancel no longer counts
+            except BaseException:
+                logger.exception("django_locks timer thread: unexpected error (it goes on)")
+                time.sleep(ERROR_PAUSE)
+                continue
             try:
                 handle.callback()
-            except Exception:
+            except BaseException:
                 logger.exception("django_locks timer callback %r failed", handle.callback)
+
+    def _next(self) -> TimerHandle | None:
+        """Wait for the next timer falling due and take it out (``None``: a cancelled one)."""
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                heap = self._heap
+                while heap and heap[0][2].cancelled and heap[0][0] <= now + self.SWEEP:
+                    heapq.heappop(heap)
+                    self._cancelled -= 1
+                if heap and heap[0][0] <= now:
+                    break
+                self._wake_at = heap[0][0] if heap else math.inf
+                # Capped: a timer days away (or never) is waited for an hour at a time.
+                self._cond.wait(min(self._wake_at - now, MAX_WAIT))
+            _, _, handle = heapq.heappop(heap)
+            self._wake_at = -math.inf  # awake: nobody needs to wake it
+            if handle.cancelled:
+                self._cancelled -= 1
+                return None
+            handle.on_cancel = None  # out of the heap: its cancel no longer counts
+            return handle
 
 
 class SystemClock(Clock):
@@ -199,7 +223,11 @@ class _Background:
 
     def _notice_loop(self) -> None:
         while True:
-            _logged(self.notices.get())
+            try:
+                _logged(self.notices.get())
+            except BaseException:
+                logger.exception("django_locks notice thread: unexpected error (it goes on)")
+                time.sleep(ERROR_PAUSE)
 
 
 _background_lock = threading.Lock()
@@ -244,7 +272,7 @@ def _warn_if_threads_cannot_run() -> None:
 def _logged(task: Task) -> None:
     try:
         task()
-    except Exception:
+    except BaseException:  # even SystemExit: it would end a background thread
         logger.exception("django_locks background task %r failed", task)
 
 

@@ -14,6 +14,7 @@ statement keeps running there; the connection is then discarded.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import socket
@@ -26,12 +27,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from django.db import connections
 from django.db.utils import Error as DjangoDatabaseError
 
+from django_locks.clock import ERROR_PAUSE, MAX_WAIT
 from django_locks.exceptions import StoreError, StoreTimeoutError
 
 if TYPE_CHECKING:
     from django_locks.stores.database import DatabaseStore
 
 T = TypeVar("T")
+
+logger = logging.getLogger("django_locks")
 
 CANCEL_TIMEOUT = 5.0
 """Seconds the cancel request of an abandoned call may take (it runs on a thread of its own)."""
@@ -152,6 +156,15 @@ class _Watchdog:
             return conn.fired
 
     def _run(self) -> None:
+        # Nothing ends this loop: without it no store call of the process is ever abandoned.
+        while True:
+            try:
+                self._watch()
+            except BaseException:
+                logger.exception("django_locks watchdog: unexpected error (it goes on)")
+                time.sleep(ERROR_PAUSE)
+
+    def _watch(self) -> None:
         with self.cond:
             while True:
                 now = time.monotonic()
@@ -159,11 +172,16 @@ class _Watchdog:
                 for conn in list(self.watched):
                     if conn.deadline <= now:
                         self.watched.discard(conn)
-                        conn.abandon()
+                        try:
+                            conn.abandon()
+                        except Exception:
+                            logger.exception("django_locks watchdog: abandoning a call failed")
                     else:
                         wake = min(wake, conn.deadline)
                 self.wake_at = wake
-                self.cond.wait(None if wake == math.inf else wake - now)
+                # Capped: a deadline days away is waited for an hour at a time, never past
+                # threading.TIMEOUT_MAX.
+                self.cond.wait(min(wake - now, MAX_WAIT))
 
 
 class _ProcessState:
