@@ -69,7 +69,12 @@ def check_template(template: str, func: Callable[..., Any]) -> None:
 def render_key(
     template: str, func: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]
 ) -> str:
-    """Format ``template`` with the arguments of one call of ``func`` (defaults applied)."""
+    """Format ``template`` with the arguments of one call of ``func`` (defaults applied).
+
+    A field the call does not supply (a ``**kwargs`` name left out), or one that cannot be
+    reached or formatted (``{customer.pk}`` on ``None``, ``{ids[3]}`` of two ids), is a
+    ``ValueError`` naming the template and the field.
+    """
     if not template_fields(template):
         return template
     bound = inspect.signature(func).bind(*args, **kwargs)
@@ -78,4 +83,35 @@ def render_key(
     for param in inspect.signature(func).parameters.values():
         if param.kind is param.VAR_KEYWORD:
             values.update(values.pop(param.name, {}))
-    return template.format(**values)
+    return _KeyFormatter(template).format(template, **values)
+
+
+class _KeyFormatter(string.Formatter):
+    """``str.format`` whose failures name the template's field."""
+
+    def __init__(self, template: str) -> None:
+        self.template = template
+
+    def get_field(self, field_name: str, args: Any, kwargs: Any) -> Any:
+        head = field_name.split(".", 1)[0].split("[", 1)[0]
+        if head not in kwargs:
+            raise ValueError(
+                f"key template {self.template!r} names {head!r}, which this call does not "
+                f"supply (give it as an argument)"
+            )
+        try:
+            return super().get_field(field_name, args, kwargs)
+        except (LookupError, AttributeError, TypeError, ValueError) as exc:
+            raise ValueError(
+                f"key template {self.template!r}: field {{{field_name}}} cannot be read from "
+                f"this call's arguments ({type(exc).__name__}: {exc})"
+            ) from None
+
+    def format_field(self, value: Any, format_spec: str) -> Any:
+        try:
+            return super().format_field(value, format_spec)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(
+                f"key template {self.template!r}: {type(value).__name__} value cannot be "
+                f"formatted with {format_spec!r} ({exc})"
+            ) from None

@@ -139,7 +139,15 @@ class Campaign:
         self.report(line % args)
 
     def run(self) -> None:
-        """Campaign until told to stop."""
+        """Campaign until told to stop; an unexpected error ends this campaign, logged, and
+        makes ``run_leader`` exit 1 instead of 0."""
+        try:
+            self._campaign()
+        except Exception:
+            self.finished_in_time = False
+            logger.exception("The campaign for %s failed", self.key)
+
+    def _campaign(self) -> None:
         while not self.stopping.is_set():
             try:
                 lock = self.locks.acquire(self.key, ttl=self.ttl_ms / 1000)
@@ -298,7 +306,7 @@ def run(
     report: Callable[[str], None] = lambda line: None,
 ) -> int:
     """Campaign for every key of ``keys`` until ``stopping`` is set; return the exit code
-    (0, or 1 when some work did not return within ``grace`` of the stop)."""
+    (0, or 1 when some work did not return within ``grace`` of the stop or a campaign failed)."""
     elections = discover()
     campaigns = [
         Campaign(

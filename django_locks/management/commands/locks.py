@@ -9,8 +9,9 @@ from typing import Any, TextIO
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections, transaction
 
-from django_locks.durations import to_milliseconds
+from django_locks.durations import MAX_DURATION_MS, bounded_ms
 from django_locks.exceptions import LocksError
+from django_locks.keys import validate_key
 from django_locks.service import locks
 from django_locks.stores.base import LeaseInfo, LockStore
 from django_locks.stores.database import SEQUENCE, TABLE, DatabaseStore
@@ -95,7 +96,7 @@ class Command(BaseCommand):
         rows = [("KEY", "STATE", "HOLDER", "TOKEN", "ACQUIRED AT", "EXPIRES IN")]
         rows += [
             (
-                lease.key,
+                _printable(lease.key),
                 lease.state,
                 lease.holder or "-",
                 str(lease.fencing_token),
@@ -113,6 +114,12 @@ class Command(BaseCommand):
             self.stderr.write(f"No {'' if include_inactive else 'held '}lease in {store!r}.")
 
     def release(self, store: LockStore, key: str, *, confirmed: bool, stdin: TextIO) -> None:
+        # Before any store call: an argument that is not valid UTF-8 reaches Python as lone
+        # surrogates, which no store could encode.
+        try:
+            validate_key(key, name="KEY")
+        except (TypeError, ValueError) as exc:
+            raise CommandError(str(exc)) from exc
         try:
             held = {lease.key: lease for lease in store.leases()}.get(key)
         except NotImplementedError:
@@ -136,7 +143,9 @@ class Command(BaseCommand):
 
     def prune(self, store: LockStore, older_than: str) -> None:
         try:
-            ms = to_milliseconds(older_than, name="--older-than")
+            ms = bounded_ms(
+                older_than, name="--older-than", minimum_ms=1, maximum_ms=MAX_DURATION_MS
+            )
         except (TypeError, ValueError) as exc:
             raise CommandError(str(exc)) from exc
         if not isinstance(store, DatabaseStore):
@@ -203,6 +212,15 @@ def _as_json(lease: LeaseInfo) -> dict[str, Any]:
         "acquired_at": lease.acquired_at.isoformat() if lease.acquired_at else None,
         "expires_in": lease.expires_in.total_seconds() if lease.expires_in is not None else None,
     }
+
+
+def _printable(key: str) -> str:
+    """``key`` as it is, or its ``repr()`` when a store lists one no terminal could print."""
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        return repr(key)
+    return key
 
 
 def _expiry(lease: LeaseInfo) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_locks import leader
-from django_locks.durations import to_milliseconds
+from django_locks.durations import ttl_ms, wait_ms
 from django_locks.service import locks
 
 DEFAULT_GRACE = "8s"
@@ -42,18 +42,22 @@ class Command(BaseCommand):
                 ttl = f"{election.ttl_ms / 1000:g}s" if election.ttl_ms else "default ttl"
                 self.stdout.write(f"{key}\t{election.name}\t{ttl}")
             return
+        # Usage errors exit 2, as argparse's own do (docs/ref/commands.rst).
         if not keys:
-            raise CommandError("Name at least one KEY to campaign for (--list shows them).")
+            raise CommandError(
+                "Name at least one KEY to campaign for (--list shows them).", returncode=2
+            )
         unknown = [key for key in keys if key not in elections]
         if unknown:
             raise CommandError(
                 f"No @leader_election registered for {', '.join(map(repr, unknown))}; "
                 f"registered: {', '.join(map(repr, elections)) or 'none'} (elections are found "
-                "in the 'leaders' module of each installed app)."
+                "in the 'leaders' module of each installed app).",
+                returncode=2,
             )
         try:
-            ttl_ms = to_milliseconds(options["ttl"], name="--ttl") if options["ttl"] else None
-            grace = to_milliseconds(options["grace"], name="--grace", allow_zero=True) / 1000
+            lease_ttl = ttl_ms(options["ttl"], name="--ttl") if options["ttl"] is not None else None
+            grace = wait_ms(options["grace"], name="--grace") / 1000
         except (TypeError, ValueError) as exc:
             raise CommandError(str(exc)) from exc
 
@@ -69,7 +73,7 @@ class Command(BaseCommand):
         code = leader.run(
             keys,
             locks=locks,
-            ttl_ms=ttl_ms,
+            ttl_ms=lease_ttl,
             grace=grace,
             stopping=stopping,
             report=lambda line: self.stdout.write(line),
