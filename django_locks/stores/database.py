@@ -20,6 +20,7 @@ from django_locks.exceptions import StoreError
 from django_locks.stores.base import LeaseInfo, LeaseState, LockStore, holder_name
 from django_locks.stores.database_connections import Pools, register
 from django_locks.stores.database_listener import CHANNEL, Listener
+from django_locks.stores.database_teardown import track
 
 T = TypeVar("T")
 
@@ -279,6 +280,7 @@ class DatabaseStore(LockStore):
         self._pools = Pools(self)
         self._functions = True  # until the database says it has none
         register(self._pools)
+        track(self)  # closes its connections before Django destroys a test database
 
     def __repr__(self) -> str:
         return f"<DatabaseStore using={self.using!r}>"

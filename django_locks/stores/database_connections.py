@@ -414,6 +414,7 @@ class _ConnectAttempt:
         self.error: BaseException | None = None
 
     def run(self) -> None:
+        wrapper: Any = None
         try:
             wrapper = self.make_wrapper()
             wrapper.connect()
@@ -423,6 +424,11 @@ class _ConnectAttempt:
         except BaseException as exc:
             self.error = exc
             raw = None
+            if wrapper is not None and wrapper.connection is not None:
+                # Opened, then refused (pytest-django's blocker refuses inside connect()'s own
+                # set_autocommit): left open, it would keep the test database from being dropped.
+                with contextlib.suppress(Exception):
+                    wrapper.connection.close()
         with self.lock:
             self.raw = raw
             self.done.set()
