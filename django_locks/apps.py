@@ -24,6 +24,7 @@ class DjangoLocksConfig(AppConfig):
         config = conf.read()
         conf.build_store(config)
         conf.refuse_in_memory_in_production(config, debug=settings.DEBUG)
+        conf.remember_debug(settings.DEBUG)
         checks.register()
         setting_changed.connect(_on_setting_changed, dispatch_uid="django_locks.setting_changed")
         if importlib.util.find_spec("celery") is not None:
@@ -33,8 +34,12 @@ class DjangoLocksConfig(AppConfig):
             celery_integration.install()
 
 
-def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
+def _on_setting_changed(*, setting: str, value: Any = None, **kwargs: Any) -> None:
     if setting == "LOCKS":
         from django_locks import conf
 
         conf.reset()
+    elif setting == "DEBUG":
+        from django_locks import conf
+
+        conf.remember_debug(settings.DEBUG)

@@ -48,18 +48,20 @@ def check_production(
     # startup already, and a deploy run with DEBUG still on is what this check is for.
     try:
         config = conf.read()
-        conf.refuse_in_memory_in_production(config, debug=False)
-    except ImproperlyConfigured as exc:
-        if "InMemoryStore" not in str(exc):
-            return []  # reported by E001
-        return [
-            checks.Error(
-                "The InMemoryStore only protects one process.",
-                hint=str(exc),
-                id="django_locks.E002",
-            )
-        ]
-    return []
+    except ImproperlyConfigured:
+        return []  # reported by E001
+    if not config.in_memory or config.allow_in_memory_storage:
+        return []
+    return [
+        checks.Error(
+            "LOCKS['BACKEND'] is the InMemoryStore, which only protects one process: every "
+            "instance of the deployed project would run the jobs meant to run once.",
+            hint="Use 'django_locks.stores.DatabaseStore' or 'django_locks.stores.RedisStore' in "
+            "the production settings (the in-memory store is for development and tests), or set "
+            "LOCKS['ALLOW_IN_MEMORY_STORAGE'] = True if one process is really all you run.",
+            id="django_locks.E002",
+        )
+    ]
 
 
 def check_store(
@@ -83,7 +85,9 @@ def check_store_deploy(
     findings already: say them once."""
     if databases:
         return []
-    return _store_messages(databases=None, deploy=True)
+    # check_store reports the store's checks without I/O already (W101, say): say them once.
+    said = _store_messages(databases=None, deploy=False)
+    return [m for m in _store_messages(databases=None, deploy=True) if m not in said]
 
 
 def _store_messages(*, databases: Iterable[str] | None, deploy: bool) -> list[checks.CheckMessage]:

@@ -159,7 +159,13 @@ def build_locks() -> Locks:
     from django_locks.service import Locks
 
     config = get()
-    return Locks(build_store(config), ttl=config.ttl_ms / 1000, clock=config.clock)
+    store = build_store(config)
+    # A ManualClock in LOCKS["CLOCK"] moves a server store's leases with it (warp(), SPEC
+    # section 7), as it moves the in-memory store it is handed above.
+    attach = getattr(config.clock, "attach", None)
+    if attach is not None and not config.in_memory and type(store).warp is not LockStore.warp:
+        attach(store)
+    return Locks(store, ttl=config.ttl_ms / 1000, clock=config.clock)
 
 
 def reset() -> None:
@@ -168,3 +174,19 @@ def reset() -> None:
 
     get.cache_clear()
     locks._reset()  # type: ignore[attr-defined]
+
+
+_configured_debug: bool | None = None
+
+
+def remember_debug(value: bool) -> None:
+    """Record the project's own ``DEBUG`` (from ``ready()``, and when ``override_settings``
+    changes it): test runners set ``settings.DEBUG = False`` behind the settings' back."""
+    global _configured_debug
+    _configured_debug = bool(value)
+
+
+def configured_debug() -> bool:
+    """The ``DEBUG`` the project's settings say, not the one a test runner put in their place:
+    development-only warnings (W101) follow it (SPEC section 7)."""
+    return settings.DEBUG if _configured_debug is None else _configured_debug

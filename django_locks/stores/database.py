@@ -8,7 +8,6 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
-from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, connections
@@ -113,7 +112,9 @@ PG_DROP_FUNCTIONS = """
 DROP FUNCTION IF EXISTS django_locks_acquire(text, text, text, bigint);
 DROP FUNCTION IF EXISTS django_locks_release(text, text);
 """
-PG_ACQUIRE_CALL = "SELECT django_locks_acquire(%s, %s, %s, %s)"
+# The ttl is cast: an int too large for a bigint is then an error of its own, not a call of a
+# function the database does not have (which would turn the functions off for the process).
+PG_ACQUIRE_CALL = "SELECT django_locks_acquire(%s, %s, %s, %s::bigint)"
 PG_RELEASE_CALL = "SELECT django_locks_release(%s, %s)"
 PG_ACQUIRE = _pg_acquire("%s", "%s", "%s", "%s")
 _PG_EXPIRY = _pg_expiry("%s")
@@ -455,7 +456,9 @@ class DatabaseStore(LockStore):
         if messages:
             return messages
         vendor = connections[self.using].vendor
-        if vendor == "sqlite" and not settings.DEBUG:
+        from django_locks.conf import configured_debug  # conf imports the stores' base
+
+        if vendor == "sqlite" and not configured_debug():
             messages.append(
                 checks.Warning(
                     f"The lock store uses the SQLite database {self.using!r}: it only shares "
@@ -509,11 +512,39 @@ class DatabaseStore(LockStore):
             checks.Warning(
                 f"The lock store's {' and '.join(missing)} "
                 f"{'is' if missing == [TABLE] or missing == [SEQUENCE] else 'are'} "
-                f"missing from the database {self.using!r}.",
-                hint=f"Run `manage.py migrate django_locks --database {self.using}`.",
+                f"missing from the database {self.using!r}, although its migrations are "
+                "recorded as applied (a restored dump, a dropped table).",
+                hint=_repair_hint(missing, self.using, connections[self.using].vendor),
                 id="django_locks.W102",
             )
         ]
+
+
+def _repair_hint(missing: list[str], using: str, vendor: str) -> str:
+    """How to bring back what W102 found missing: a plain `migrate` answers "No migrations to
+    apply", since Django's records say they ran. Each way keeps every key's fencing token growing
+    (the rows, where they survive, are the floor of every new token)."""
+    database = f" --database {using}"
+    if TABLE in missing:
+        # The table is gone, so there is nothing to keep: run every migration again (the token
+        # source is created only if it is missing, the SQL functions are replaced).
+        return (
+            f"Run `manage.py migrate django_locks zero --fake{database}`, then "
+            f"`manage.py migrate django_locks{database}`."
+        )
+    if SEQUENCE in missing:
+        create = (
+            f"CREATE SEQUENCE {SEQUENCE} AS bigint CACHE 1;"
+            if vendor == "postgresql"
+            else f"CREATE TABLE {SEQUENCE} (id integer NOT NULL PRIMARY KEY CHECK (id = 1), "
+            f"value integer NOT NULL); INSERT INTO {SEQUENCE} VALUES (1, (SELECT "
+            f"coalesce(max(fencing_token), 0) FROM {TABLE}));"
+        )
+        return f"In `manage.py dbshell{database}`, run `{create}`"
+    return (
+        f"Run `manage.py migrate django_locks 0001 --fake{database}`, then "
+        f"`manage.py migrate django_locks{database}`: this creates the SQL functions again."
+    )
 
 
 def _configuration_messages(using: str) -> list[Any]:

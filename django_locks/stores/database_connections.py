@@ -37,6 +37,9 @@ T = TypeVar("T")
 
 logger = logging.getLogger("django_locks")
 
+UNDEFINED_TABLE = "42P01"
+"""PostgreSQL's SQLSTATE for a table (or sequence) that does not exist."""
+
 CANCEL_TIMEOUT = 5.0
 """Seconds the cancel request of an abandoned call may take (it runs on a thread of its own)."""
 
@@ -256,10 +259,21 @@ class Pools:
                     "was abandoned and its connection discarded."
                 ) from exc
             raise StoreError(
-                f"The database {self.using!r} failed a lock store call: {exc}"
+                f"The database {self.using!r} failed a lock store call: {exc}{self._hint(exc)}"
             ) from exc
         finally:
             _watchdog().unwatch(conn)
+
+    def _hint(self, exc: BaseException) -> str:
+        """The fix, for the failures that have one: the store's table is not there yet."""
+        code = getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)
+        text = str(exc)
+        if code == UNDEFINED_TABLE or "no such table: django_locks_" in text:
+            return (
+                f" The lock store's table is missing from the database {self.using!r}: run "
+                f"`manage.py migrate django_locks --database {self.using}`."
+            )
+        return ""
 
     # Getting a connection and giving it back.
 
