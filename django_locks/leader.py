@@ -16,7 +16,7 @@ import logging
 import random
 import threading
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from django.db import close_old_connections
 from django.utils.module_loading import autodiscover_modules
@@ -51,11 +51,14 @@ class Election:
         return inspect.isclass(self.target)
 
 
+W = TypeVar("W", bound=Callable[..., Any])
+"""The decorated work of ``leader_election``: a function or a class, returned as it is."""
+
 _elections: dict[str, Election] = {}
 _elections_mutex = threading.Lock()
 
 
-def leader_election(key: str, *, ttl: Duration | None = None) -> Callable[[Any], Any]:
+def leader_election(key: str, *, ttl: Duration | None = None) -> Callable[[W], W]:
     """Register the decorated work as the leader of ``key``; ``run_leader KEY`` runs it.
 
     On a function ``def work(lock)`` (or ``async def``): called in a worker thread while this
@@ -71,7 +74,7 @@ def leader_election(key: str, *, ttl: Duration | None = None) -> Callable[[Any],
     validate_key(key)
     ttl_ms = None if ttl is None else durations.ttl_ms(ttl)
 
-    def decorate(target: Any) -> Any:
+    def decorate(target: W) -> W:
         if inspect.isclass(target):
             if not callable(getattr(target, "on_leadership_acquired", None)):
                 raise TypeError(
@@ -188,7 +191,7 @@ class Campaign:
         self._say("Leading %s (fencing token %s)", self.key, lock.fencing_token)
         signals.send(
             signals.leadership_acquired,
-            type(self),
+            Locks,
             key=self.key,
             fencing_token=lock.fencing_token,
             lock=lock,
@@ -288,7 +291,7 @@ class Campaign:
                 logger.exception("on_leadership_lost of %s raised", self.key)
         signals.send(
             signals.leadership_lost,
-            type(self),
+            Locks,
             key=self.key,
             fencing_token=lock.fencing_token,
             reason=reason,
