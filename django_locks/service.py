@@ -196,6 +196,12 @@ class Locks:
                 except NotImplementedError:
                     self._notified = False
                     break
+                except StoreError as exc:
+                    # The notice channel failed, not (necessarily) the store: no notice, so
+                    # the rest of the backoff is slept; the next acquire says if the store answers.
+                    logger.debug("Waiting for a release notice of %r failed: %s", key, exc)
+                    self.clock.sleep(max(give_up - time.monotonic(), 0), signal)
+                    return
             else:
                 return
         self.clock.sleep(seconds, signal)

@@ -5,13 +5,16 @@ through PgBouncer). Waiting needs a session that ``LISTEN``s: one connection per
 process, opened on first use, read by a thread of its own that wakes the waiters of each key.
 Behind PgBouncer in transaction mode a session's ``LISTEN`` does not hold: point the store's
 ``listen_using`` option at an alias that connects to PostgreSQL directly, or set it to ``False``
-(waiters then sleep through their backoff).
+(waiters then sleep through their backoff). When the session dies (``pg_terminate_backend``,
+``idle_session_timeout``, a proxy, a restart), waiters sleep through their backoff too, and the
+thread reconnects every second until it is back.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import select
 import threading
@@ -20,7 +23,7 @@ from typing import Any
 
 from django.db import connections
 
-from django_locks.exceptions import StoreError
+from django_locks.clock import MAX_WAIT
 
 logger = logging.getLogger("django_locks")
 
@@ -61,25 +64,28 @@ class Listener:
         self._thread: threading.Thread | None = None
 
     def wait(self, key: str, timeout: float) -> bool:
-        """Block up to ``timeout`` seconds for a release notice of ``key``."""
-        deadline = time.monotonic() + max(timeout, 0)
+        """Block up to ``timeout`` seconds for a release notice of ``key``.
+
+        ``False`` at the timeout, also while the session is connecting or reconnecting (killed by
+        ``pg_terminate_backend``, ``idle_session_timeout``, a proxy, a restart): the waiter then
+        simply sleeps through its backoff and retries its acquire, whose own call says whether
+        the store answers. Never raises ``StoreError``.
+        """
+        # One wait of at most MAX_WAIT (a longer one returns False then: callers wait again).
+        deadline = time.monotonic() + min(max(timeout, 0), MAX_WAIT)
         with self._cond:
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():
+                # Started on first use; started again should it ever have ended (it should not).
                 self._thread = threading.Thread(
                     target=self._run, name="django_locks-listener", daemon=True
                 )
                 self._thread.start()
-            while not self._listening and self._error is None:
+            while not self._listening:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    # Still connecting (a first wait is often shorter than a connect): no
-                    # notice yet, which is no failure; the caller tries again at its pace.
+                    # No session (yet, or for now): no notice, which is no failure.
                     return False
-                self._cond.wait(remaining)
-            if not self._listening and self._error is not None:
-                raise StoreError(
-                    f"Listening for releases on the database {self.using!r} failed: {self._error}"
-                ) from self._error
+                self._cond.wait(remaining)  # notified when the session is (back) up
             waiters = self._keys.get(key)
             if waiters is None:
                 waiters = self._keys[key] = _Waiters(self._lock)
@@ -105,30 +111,59 @@ class Listener:
                 raw.close()
 
     def _run(self) -> None:
+        """Listen, and reconnect whenever the session breaks, until closed: nothing ends it."""
         while not self._closed:
             try:
-                raw = self._connect()
-                with self._cond:
-                    if self._closed:
-                        raw.close()
-                        return
-                    self._raw = raw
-                    self._listening = True
-                    self._error = None
-                    self._cond.notify_all()
-                self._read(raw)
-            except Exception as exc:
-                with self._cond:
-                    self._listening = False
-                    self._error = exc
-                    self._cond.notify_all()
-                if not self._closed:
-                    logger.debug("Listening for releases on %r failed: %s", self.using, exc)
-                    time.sleep(RECONNECT_DELAY)
+                self._listen_once()
+            except Exception as exc:  # this thread outlives whatever one session does
+                with contextlib.suppress(Exception):
+                    self._failed(exc)
+            if not self._closed:
+                time.sleep(RECONNECT_DELAY)
+
+    def _listen_once(self) -> None:
+        """Open a session, ``LISTEN``, and read notices until it breaks (raises) or is closed."""
+        raw = self._connect()
+        with self._cond:
+            if self._closed:
+                raw.close()
+                return
+            self._raw = raw
+            self._listening = True
+            was_down, self._error = self._error, None
+            self._cond.notify_all()
+        if was_down is not None:
+            logger.info(
+                "Release notices on %r are back: waiters are woken by them again", self.using
+            )
+        self._read(raw)
+
+    def _failed(self, exc: BaseException) -> None:
+        with self._cond:
+            first = self._error is None  # the first failure of this outage
+            self._listening = False
+            self._error = exc
+            raw, self._raw = self._raw, None
+            self._cond.notify_all()
+        if raw is not None:
+            with contextlib.suppress(Exception):
+                raw.close()
+        if self._closed:
+            return
+        log = logger.warning if first else logger.debug
+        log(
+            "Listening for release notices on %r failed (%s): waiters sleep through their "
+            "backoff until the session is back (reconnecting every %.0f s)",
+            self.using,
+            exc,
+            RECONNECT_DELAY,
+        )
 
     def _connect(self) -> Any:
         base = connections[self.using]
         options = {k: v for k, v in base.settings_dict["OPTIONS"].items() if k != "pool"}
+        # A reconnect to an unreachable server gives up (and tries again) rather than hang.
+        options.setdefault("connect_timeout", max(2, math.ceil(self.connect_timeout)))
         wrapper: Any = type(base)({**base.settings_dict, "OPTIONS": options}, self.using)
         wrapper.connect()
         if not wrapper.get_autocommit():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import functools
 import hashlib
+import logging
 import os
 import socket
 import threading
@@ -16,6 +17,7 @@ from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
+from django_locks.clock import MAX_WAIT
 from django_locks.durations import Duration, to_seconds
 from django_locks.exceptions import StoreError, StoreTimeoutError
 from django_locks.stores.base import LeaseInfo, LockStore, holder_name
@@ -35,6 +37,8 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from django_locks.stores.redis_connections import Pool, bulk, pack, remaining, verb
+
+logger = logging.getLogger("django_locks")
 
 # Every script below is atomic because Redis runs a script to completion before it serves any
 # other command: the ownership check and the write it guards are one step, never a read followed
@@ -258,6 +262,7 @@ class RedisStore(LockStore):
         }
         self._process: _Process | None = None
         self._process_lock = threading.Lock()
+        self._waits_down = False  # waits for release notices fail (logged once per outage)
 
     def __repr__(self) -> str:
         where = f"cache={self.cache!r}" if self.cache else f"url={_redact(self.url)!r}"
@@ -322,19 +327,50 @@ class RedisStore(LockStore):
         One release wakes one waiter. Waits use connections of their own (up to
         ``max_connections`` per server), so blocked waiters never hold up renewals; a waiter that
         finds them all busy waits for one until its timeout and returns ``False``.
+
+        A waiter outlives its connection: when the connection it blocks on fails (``CLIENT
+        KILL``, a proxy, a restart) it waits again on a fresh one; when that fails too, it sleeps
+        out ``timeout`` and returns ``False`` (the caller tries ``acquire`` at its backoff, and
+        that call says whether the server answers). Never raises ``StoreError``.
         """
         wakeup = self._wakeup_key(key)
-        # The server ends the BLPOP at the timeout; the socket gets a second more to say so.
-        deadline = self._deadline(timeout + 1)
-        node = self._node_for(wakeup, deadline)
-        try:
-            command = pack(("BLPOP", wakeup, max(timeout, 0.001)))
-            reply = self._call(node, command, deadline, pool="wait")
-        except StoreTimeoutError:
-            if time.monotonic() < deadline:
-                raise
-            return False
-        return reply is not None
+        # One wait of at most MAX_WAIT (a longer one returns False then: callers wait again).
+        give_up = time.monotonic() + min(max(timeout, 0), MAX_WAIT)
+        for attempt in range(2):
+            left = give_up - time.monotonic()
+            # The server ends the BLPOP at the timeout; the socket gets a second more to say so.
+            deadline = time.monotonic() + max(left, 0) + 1
+            try:
+                node = self._node_for(wakeup, deadline)
+                command = pack(("BLPOP", wakeup, max(left, 0.001)))
+                reply = self._call(node, command, deadline, pool="wait")
+            except StoreError as exc:
+                if isinstance(exc, StoreTimeoutError) and time.monotonic() >= give_up:
+                    return False  # no free wait connection (or no answer) before the timeout
+                if attempt == 0 and give_up - time.monotonic() > 0.001:
+                    continue  # the connection was killed: a fresh one
+                self._waits_failing(exc)
+                time.sleep(max(give_up - time.monotonic(), 0))
+                return False
+            self._waits_work()
+            return reply is not None
+        return False  # not reached
+
+    def _waits_failing(self, exc: BaseException) -> None:
+        with self._process_lock:
+            first, self._waits_down = not self._waits_down, True
+        if first:
+            logger.warning(
+                "Waiting for release notices on Redis failed (%s): waiters sleep through their "
+                "backoff until a wait succeeds again",
+                exc,
+            )
+
+    def _waits_work(self) -> None:
+        if self._waits_down:
+            with self._process_lock:
+                self._waits_down = False
+            logger.info("Waiting for release notices on Redis works again")
 
     def leases(self, *, include_inactive: bool = False) -> list[LeaseInfo]:
         """Held leases only: Redis forgets a lease once it is released or expired."""
