@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -128,6 +129,7 @@ def _read_clock(value: object) -> Clock | None:
 def build_store(config: LocksSettings) -> LockStore:
     """Instantiate the configured store (stores connect lazily: no I/O here)."""
     options = dict(config.options)
+    _refuse_unknown_options(config, options)
     if config.in_memory and config.clock is not None:
         options.setdefault("clock", config.clock)
     try:
@@ -136,6 +138,29 @@ def build_store(config: LocksSettings) -> LockStore:
         raise ImproperlyConfigured(
             f"LOCKS['OPTIONS'] are not valid for {config.backend_path}: {exc}"
         ) from exc
+
+
+def _refuse_unknown_options(config: LocksSettings, options: dict[str, Any]) -> None:
+    """Name an option the store does not take, and the ones it does (not Python's "unexpected
+    keyword argument")."""
+    try:
+        parameters = inspect.signature(config.backend).parameters
+    except (TypeError, ValueError):
+        return  # no signature to read: the store's own error will do
+    if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        return
+    valid = sorted(
+        name
+        for name, p in parameters.items()
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and name != "clock"
+    )
+    unknown = sorted(set(options) - set(parameters))
+    if unknown:
+        raise ImproperlyConfigured(
+            f"LOCKS['OPTIONS'] has {', '.join(map(repr, unknown))}, which "
+            f"{config.backend_path} does not take; its options are "
+            f"{', '.join(map(repr, valid)) or 'none'}."
+        )
 
 
 def refuse_in_memory_in_production(config: LocksSettings, *, debug: bool) -> None:

@@ -128,3 +128,29 @@ def test_an_unmigrated_database_says_run_migrate() -> None:
     finally:
         with connections["default"].cursor() as cursor:
             cursor.execute("ALTER TABLE django_locks_lease_away RENAME TO django_locks_lease")
+
+
+@pytest.mark.parametrize(
+    ("backend", "options", "valid"),
+    [
+        (
+            DATABASE_STORE,
+            {"usng": "default"},
+            "'listen_using', 'max_connections', 'timeout', 'using'",
+        ),
+        (
+            "django_locks.stores.RedisStore",
+            {"url": "redis://", "sockettimeout": 1},
+            "'socket_timeout'",
+        ),
+    ],
+)
+def test_an_unknown_option_is_named_with_the_valid_ones(backend, options, valid) -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    with pytest.raises(ImproperlyConfigured) as raised:
+        conf.build_store(conf.read({"BACKEND": backend, "OPTIONS": options}))
+    message = str(raised.value)
+    assert repr(next(iter(set(options) - {"url"}))) in message
+    assert valid in message
+    assert "unexpected keyword" not in message

@@ -29,7 +29,7 @@ def ready() -> None:
     [
         ({"BACKEND": "no.such.Store"}, "cannot be imported"),
         ({"BACKEND": "django_locks.lock.Lock"}, "is not a LockStore subclass"),
-        ({"BACKEND": MEMORY, "OPTIONS": {"colour": "red"}}, "LOCKS['OPTIONS'] are not valid"),
+        ({"BACKEND": MEMORY, "OPTIONS": {"colour": "red"}}, "LOCKS['OPTIONS'] has 'colour', which"),
         ({"BACKEND": MEMORY, "TTL": "5x"}, "`LOCKS['TTL']` must be a positive duration"),
         ({"BACKEND": MEMORY, "MIN_HOLD": -1}, "`LOCKS['MIN_HOLD']` must be a non-negative"),
         ({"TTL": "30s", "TIMEOUT": 5}, "unknown keys ['TIMEOUT']"),
