@@ -37,7 +37,7 @@ from django_locks.context import running_under
 from django_locks.durations import Duration
 from django_locks.exceptions import LocksError, StoreError
 from django_locks.keys import check_template, render_key, template_fields, validate_key
-from django_locks.lock import Lock
+from django_locks.lock import Lock, release_failed
 
 logger = logging.getLogger("django_locks")
 
@@ -381,13 +381,22 @@ def _link(owner: Lock | None, run: Lock) -> Callable[[], None]:
     return lambda: owner.signal.remove_callback(propagate)
 
 
-def _release(lock: Lock, failing: bool) -> None:
+def _release(lock: Lock) -> None:
+    """Release a run's lock: a store failure is logged, never raised over the run's result or
+    exception (the lease lapses at its ttl)."""
     try:
         lock.release()
-    except StoreError:
-        if not failing:
-            raise
-        logger.warning("Releasing lock %r failed", lock.key, exc_info=True)
+    except StoreError as error:
+        release_failed(lock, error)
+
+
+async def _arelease(lock: Lock) -> None:
+    """:func:`_release` for async runs: it completes whatever the cancellation, so that the
+    next run finds the key free (see ``Lock.arelease``)."""
+    try:
+        await lock.arelease()
+    except StoreError as error:
+        release_failed(lock, error)
 
 
 def _run(
@@ -416,15 +425,12 @@ def _run(
         skipped(task or spec.name, run_key, IN_PROGRESS)
         return None
     unlink = _link(owner, lock)
-    failing = True
     try:
         with running_under(lock):
-            result = spec.func(*args, **kwargs)
-        failing = False
-        return result
+            return spec.func(*args, **kwargs)
     finally:
         unlink()
-        _release(lock, failing)
+        _release(lock)
 
 
 async def _arun(
@@ -455,17 +461,10 @@ async def _arun(
     unlink = _link(owner, lock)
     try:
         with running_under(lock):
-            result = await spec.func(*args, **kwargs)
-    except BaseException:
+            return await spec.func(*args, **kwargs)
+    finally:
         unlink()
-        try:
-            await lock.arelease()
-        except StoreError:
-            logger.warning("Releasing lock %r failed", lock.key, exc_info=True)
-        raise
-    unlink()
-    await lock.arelease()
-    return result
+        await _arelease(lock)
 
 
 # Management commands: short-lived runs, one per cron tick on every host.
@@ -496,19 +495,17 @@ def _run_command(spec: JobSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -
                     owner.release()
                 return None
         unlink = _link(owner, lock) if lock is not None else (lambda: None)
-        failing = True
         try:
             with running_under(lock or cast(Lock, owner)):
                 result = spec.func(*args, **kwargs)
-            failing = False
         finally:
             unlink()
             if lock is not None:
-                _release(lock, failing)
+                _release(lock)
     except BaseException:
         # A run that raises releases at once: the next tick, anywhere, may try again.
         if owner is not None:
-            _release(owner, True)
+            _release(owner)
         raise
     if owner is not None:
         assert spec.once is not None

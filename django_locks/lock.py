@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 import threading
@@ -13,7 +12,9 @@ from typing import Any
 from django.db.backends.signals import connection_created
 
 from django_locks.abort import AbortSignal
+from django_locks.aio import finish
 from django_locks.durations import Duration, lease_ms
+from django_locks.exceptions import StoreError
 from django_locks.renewal import Keeper
 
 logger = logging.getLogger("django_locks")
@@ -78,9 +79,11 @@ class Lock:
 
         Returns ``True`` when the store confirmed the lease was still ours, ``False`` when it was
         already released or lost (no store call then). Past the holder deadline it is lost: the
-        loss is announced (``lock_lost``) before ``False`` is returned. Raises ``StoreError`` when
-        the store cannot be reached; the lock is not renewed any more either way, so it lapses at
-        its ttl.
+        loss is announced (``lock_lost``) before ``False`` is returned. The store call takes at
+        most the lock's remaining validity (at least 50 ms). Raises ``StoreError`` when the store
+        cannot be reached or does not answer in that time; the lock is not renewed any more
+        either way, so it lapses at its ttl. (Leaving a ``with`` block logs that error instead
+        of raising it over the block's result.)
         """
         if self._keeper.state == "held" and _in_atomic_block():
             logger.warning(
@@ -103,8 +106,19 @@ class Lock:
         return self._keeper.leave(lease_ms(duration, name="duration"))
 
     async def arelease(self) -> bool:
-        """:meth:`release` without blocking the event loop."""
-        return await asyncio.to_thread(self.release)
+        """:meth:`release` without blocking the event loop (the store call runs in a thread).
+
+        A cancellation does not undo it: the lock stops being renewed at once, the store call
+        is under way before the first await, and a task cancelled meanwhile waits for the
+        store's answer (at most the lock's remaining validity, at least 50 ms: the bound of
+        every release) before ``CancelledError`` is raised, so that whoever runs next finds
+        the key free. Raises ``StoreError`` as :meth:`release` does (logged instead when the
+        task was cancelled).
+        """
+        keeper = self._keeper
+        if not keeper.stop():
+            return False
+        return await finish(keeper.free, lambda error: release_failed(self, error))
 
     def __enter__(self) -> Lock:
         return self
@@ -115,7 +129,10 @@ class Lock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.release()
+        try:
+            self.release()
+        except StoreError as error:
+            release_failed(self, error)  # the block's result or exception is kept
 
     async def __aenter__(self) -> Lock:
         return self
@@ -126,13 +143,30 @@ class Lock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.arelease()
+        try:
+            await self.arelease()
+        except StoreError as error:
+            release_failed(self, error)  # the block's result or exception is kept
 
     def __repr__(self) -> str:
         state: str = self._keeper.state
         if state == "held" and not self.held:
             state = "past its deadline"
         return f"<Lock {self.key!r} token={self.fencing_token} {state}>"
+
+
+def release_failed(lock: Lock, error: BaseException) -> None:
+    """A release at the end of a block failed: say so, without raising over the block's result.
+
+    Nothing was lost while the block ran (its deadline stood until the release), so no
+    ``lock_lost``: the lock's signal aborted at the release, as for every release, and the lease
+    keeps others out until it lapses at its ttl, unrenewed (the store may even have freed it)."""
+    logger.warning(
+        "Releasing lock %r failed (%s); it is no longer renewed and lapses within its ttl of %gs",
+        lock.key,
+        error,
+        lock.ttl,
+    )
 
 
 _finalizing = sys.is_finalizing

@@ -30,6 +30,11 @@ DRIFT = 0.01
 MARGIN = 0.005
 """Seconds taken off every deadline for scheduling latency (5 ms)."""
 
+MIN_CALL_TIMEOUT = 0.05
+"""The shortest timeout of a lock's store call (SPEC section 10): a release or a leave is
+bounded by the lock's remaining validity, but never below 50 ms, so that a call made at the end
+of the validity still has the time of a round trip."""
+
 State = Literal["held", "released", "lost", "abandoned", "detached"]
 
 _held: set[Keeper] = set()
@@ -263,23 +268,37 @@ class Keeper:
 
     def _release_quietly(self) -> None:
         try:
-            self.store.release(self.key, self.owner)
+            self.store.release(self.key, self.owner, timeout=self.call_timeout())
         except Exception as exc:
             logger.debug("Releasing lost lock %r failed: %s (it lapses at its ttl)", self.key, exc)
 
+    def call_timeout(self) -> float:
+        """Seconds a store call of this lock may take now: its remaining validity (the holder
+        deadline), never less than ``MIN_CALL_TIMEOUT``."""
+        return max(self.deadline - self.clock.monotonic(), MIN_CALL_TIMEOUT)
+
     def release(self) -> bool:
-        """Stop renewing and free the lease. ``True`` if the store confirmed it was still ours."""
-        return self._stop() and self.store.release(self.key, self.owner)
+        """Stop renewing and free the lease. ``True`` if the store confirmed it was still ours.
+        The store call is bounded by :meth:`call_timeout`; ``StoreError`` when it fails."""
+        return self.stop() and self.free()
+
+    def free(self) -> bool:
+        """The store call of a release, once :meth:`stop` said the lock was held (no mutex
+        taken: the async release runs it in a thread after stopping on the event loop)."""
+        return self.store.release(self.key, self.owner, timeout=self.call_timeout())
 
     def leave(self, ttl_ms: int) -> bool:
         """Stop renewing and leave the lease to lapse ``ttl_ms`` from now (one renewal).
         ``True`` if the store confirmed it was still ours."""
-        return self._stop() and self.store.renew(self.key, self.owner, ttl_ms)
+        return self.stop() and self.store.renew(
+            self.key, self.owner, ttl_ms, timeout=self.call_timeout()
+        )
 
-    def _stop(self) -> bool:
+    def stop(self) -> bool:
         """Stop renewing before a release or a leave; whether the lock was still held. Past the
         holder deadline it is lost, even before its timer fired (a process just woken from a
-        pause races its timer thread): whichever thread gets there first announces the loss."""
+        pause races its timer thread): whichever thread gets there first announces the loss.
+        No I/O: the event loop calls it directly."""
         with self._mutex:
             if self.state != "held":
                 return False

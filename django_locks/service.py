@@ -11,18 +11,19 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.utils.functional import LazyObject, empty
 
 from django_locks import durations
 from django_locks.abort import AbortSignal
+from django_locks.aio import ReleaseNotices
 from django_locks.clock import Clock, system_clock
 from django_locks.context import _current
 from django_locks.durations import Duration, to_milliseconds
 from django_locks.exceptions import LockNotAcquiredError, StoreError, StoreTimeoutError
 from django_locks.keys import validate_key
-from django_locks.lock import Lock
+from django_locks.lock import Lock, release_failed
 from django_locks.renewal import DRIFT, MARGIN, Keeper
 from django_locks.stores.base import LockStore
 
@@ -61,6 +62,7 @@ class Locks:
         self.clock = clock if clock is not None else system_clock
         # Whether to wait for the store's release notices (until it says it has none).
         self._notified = True
+        self._notices: ReleaseNotices[Lock] = ReleaseNotices(store, NOTICE_SLICE)
 
     def __repr__(self) -> str:
         return f"<Locks store={self.store!r} ttl={self.ttl_ms}ms>"
@@ -138,18 +140,23 @@ class Locks:
         wait: Duration = 0,
         signal: AbortSignal | None = None,
     ) -> Lock | None:
-        """:meth:`acquire` for coroutines. Cancelled mid-call, it releases what it got."""
+        """:meth:`acquire` for coroutines: store calls run in threads, and a waiter is woken
+        by the store's release notices as a thread is. Cancelled at any point, it releases
+        what it got."""
         ttl_ms, wait_s = self._check(key, ttl, wait, signal)
         give_up = self.clock.monotonic() + wait_s
         attempt = 0
+        tried = False  # the last pause made the next try already
         while signal is None or not signal.aborted:
-            lock = await self._atry(key, ttl_ms)
+            lock = None if tried else await self._atry(key, ttl_ms)
             if lock is not None:
                 return lock
             remaining = give_up - self.clock.monotonic()
             if remaining <= 0:
                 break
-            await self.clock.asleep(min(_backoff(attempt), remaining), signal)
+            tried, lock = await self._apause(key, ttl_ms, min(_backoff(attempt), remaining), signal)
+            if lock is not None:
+                return lock
             attempt += 1
         return None
 
@@ -206,6 +213,24 @@ class Locks:
                 return
         self.clock.sleep(seconds, signal)
 
+    async def _apause(
+        self, key: str, ttl_ms: int, seconds: float, signal: AbortSignal | None
+    ) -> tuple[bool, Lock | None]:
+        """:meth:`_pause` for coroutines, on the event loop. Woken by a release notice, it
+        comes back with the next try made (``(True, lock or None)``; made by the thread that
+        got the notice, at once); else ``(False, None)`` once ``seconds`` passed."""
+        notices = self._notices
+        if self._notified and notices.supported and self.clock is system_clock:
+            return await notices.wait(
+                key, seconds, signal, lambda: self._try(key, ttl_ms), self._discard
+            )
+        await self.clock.asleep(seconds, signal)
+        return False, None
+
+    def _discard(self, lock: Lock) -> None:
+        """Release, off the event loop, a lock its cancelled acquirer will never see."""
+        self.clock.spawn(lock.release)
+
     def _check(
         self, key: object, ttl: Duration | None, wait: Duration, signal: object
     ) -> tuple[int, float]:
@@ -258,7 +283,7 @@ class Locks:
                     handed.append(lock)
                     return lock
             if lock is not None:
-                lock.release()
+                self._discard(lock)
             return None
 
         call = asyncio.get_running_loop().run_in_executor(None, attempt)
@@ -269,7 +294,7 @@ class Locks:
                 cancelled = True
                 got = handed[0] if handed else None
             if got is not None:
-                self.clock.spawn(got.release)
+                self._discard(got)
             raise
 
 
@@ -298,16 +323,10 @@ class LockBlock:
         self._context_token = _current.set(lock)
         return lock
 
-    def _leaving(self, failing: bool, release: Callable[[], bool]) -> None:
+    def _leaving(self) -> Lock:
         assert self._lock is not None and self._context_token is not None
         _current.reset(self._context_token)
-        try:
-            release()
-        except StoreError:
-            if not failing:
-                raise
-            # Keep the block's own exception; the lease lapses at its ttl.
-            logger.warning("Releasing lock %r failed", self._key, exc_info=True)
+        return self._lock
 
     def __enter__(self) -> Lock:
         return self._entered(self._locks.acquire(self._key, **self._args))
@@ -318,8 +337,11 @@ class LockBlock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        assert self._lock is not None
-        self._leaving(exc_type is not None, self._lock.release)
+        lock = self._leaving()
+        try:
+            lock.release()
+        except StoreError as error:
+            release_failed(lock, error)  # the block's result or exception is kept
 
     async def __aenter__(self) -> Lock:
         return self._entered(await self._locks.aacquire(self._key, **self._args))
@@ -330,14 +352,12 @@ class LockBlock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        assert self._lock is not None
-        _current.reset(cast("contextvars.Token[Lock | None]", self._context_token))
+        lock = self._leaving()
         try:
-            await self._lock.arelease()
-        except StoreError:
-            if exc_type is None:
-                raise
-            logger.warning("Releasing lock %r failed", self._key, exc_info=True)
+            # Runs to its end whatever the cancellation (see Lock.arelease).
+            await lock.arelease()
+        except StoreError as error:
+            release_failed(lock, error)  # the block's result or exception is kept
 
 
 class _Owners:

@@ -3,8 +3,11 @@ Redis, the JSON output parsed; prune never lets a key's fencing token go back.""
 
 from __future__ import annotations
 
+import getpass
 import io
 import json
+import logging
+import socket
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -111,7 +114,7 @@ def test_list_json_held_and_with_all(store):
     assert only["key"] == held
     assert only["state"] == "held"
     assert only["fencing_token"] == leases[held][1]
-    assert only["owner"] == "o1"
+    assert "owner" not in only and "o1" not in json.dumps(only)  # the holder's secret
     assert only["holder"].rsplit(":", 1)[1].isdigit()
     assert 0 < only["expires_in"] <= 60
     assert only["acquired_at"].endswith("+00:00")
@@ -171,8 +174,25 @@ def test_release_asks_first(store):
 
 
 def test_release_of_a_key_nobody_holds_fails(store):
-    with pytest.raises(CommandError, match="nothing was released"):
+    with pytest.raises(CommandError, match="nothing"):
         run("release", key("free"), "--yes")
+
+
+def test_release_says_a_key_is_free_before_asking(store):
+    with pytest.raises(CommandError, match="No live lease") as raised:
+        run("release", key("free"), stdin="y\n")
+    assert "[y/N]" not in str(raised.value)
+
+
+def test_release_leaves_an_audit_line_naming_who_released_what(store, caplog):
+    held = key("audited")
+    token = store.acquire(held, "secret-owner-id", 60_000)
+    with caplog.at_level(logging.WARNING, logger="django_locks"):
+        run("release", held, "--yes")
+    [line] = [r.getMessage() for r in caplog.records if "locks release" in r.getMessage()]
+    assert repr(held) in line and f"fencing token {token}" in line
+    assert getpass.getuser() in line and socket.gethostname() in line
+    assert "secret-owner-id" not in caplog.text
 
 
 @pytest.mark.redis
@@ -217,6 +237,9 @@ def prune_scenario(store: LockStore, alias: str) -> None:
     store.release(recent, "o1")
     backdate(alias, [old_released, old_expired], days=40)
 
+    dry = run("prune", "--older-than", "30d", "--dry-run")
+    assert "Would prune 2 leases" in dry and "nothing deleted" in dry
+    assert {old_released, old_expired} <= rows(alias)
     out = run("prune", "--older-than", "30d")
     assert "Pruned 2 leases" in out
     assert {old_released, old_expired}.isdisjoint(rows(alias))
@@ -227,6 +250,9 @@ def prune_scenario(store: LockStore, alias: str) -> None:
         previous = tokens[name]
         assert again is not None and previous is not None and again > previous
     assert "Pruned 0 leases" in run("prune", "--older-than", "30d")
+    # 0s: every lease that ended (the recent release), none held.
+    assert "Pruned 1 lease " in run("prune", "--older-than", "0s")
+    assert held in rows(alias)
 
 
 @pytest.mark.postgres

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import getpass
 import json
+import logging
+import socket
 import sys
 from typing import Any, TextIO
 
@@ -15,6 +18,8 @@ from django_locks.keys import validate_key
 from django_locks.service import locks
 from django_locks.stores.base import LeaseInfo, LockStore
 from django_locks.stores.database import SEQUENCE, TABLE, DatabaseStore
+
+logger = logging.getLogger("django_locks")
 
 PRUNE_BATCH = 1000
 """Rows deleted per transaction by ``prune``: each batch blocks the store's writes briefly."""
@@ -42,6 +47,8 @@ UPDATE {SEQUENCE} SET value = max(value, coalesce(
     (SELECT max(fencing_token) FROM {TABLE} WHERE {_SQLITE_STALE}), 0)) WHERE id = 1
 """
 SQLITE_PRUNE_DELETE = f"DELETE FROM {TABLE} WHERE {_SQLITE_STALE}"
+PG_PRUNE_COUNT = f"SELECT count(*) FROM {TABLE} WHERE {_PG_STALE}"
+SQLITE_PRUNE_COUNT = f"SELECT count(*) FROM {TABLE} WHERE {_SQLITE_STALE}"
 
 
 class Command(BaseCommand):
@@ -71,6 +78,9 @@ class Command(BaseCommand):
         prune.add_argument(
             "--older-than", required=True, metavar="DURATION", help='For example "30d".'
         )
+        prune.add_argument(
+            "--dry-run", action="store_true", help="Count the rows it would delete; delete none."
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         stdin: TextIO = options.get("stdin") or sys.stdin
@@ -81,7 +91,7 @@ class Command(BaseCommand):
             elif options["subcommand"] == "release":
                 self.release(store, options["key"], confirmed=options["yes"], stdin=stdin)
             else:
-                self.prune(store, options["older_than"])
+                self.prune(store, options["older_than"], dry_run=options["dry_run"])
         except LocksError as exc:
             raise CommandError(f"The lock store {store!r} failed: {exc}") from exc
 
@@ -123,7 +133,10 @@ class Command(BaseCommand):
         try:
             held = {lease.key: lease for lease in store.leases()}.get(key)
         except NotImplementedError:
-            held = None
+            held = None  # a store that cannot list: ask, then try
+        else:
+            if held is None:  # say so before asking anything
+                raise CommandError(f"No live lease on {key!r}: nothing to release.")
         what = repr(key)
         if held is not None:
             what += f" (held by {held.holder or '?'}, fencing token {held.fencing_token})"
@@ -139,12 +152,23 @@ class Command(BaseCommand):
                 raise CommandError("Not released." if answer else "Not released (no answer).")
         if not store.force_release(key):
             raise CommandError(f"No live lease on {key!r}: nothing was released.")
+        # The audit trail of an operator's release, as the admin's log entry is for the page.
+        logger.warning(
+            "Lease %r released by %s on %s with `manage.py locks release`%s; its holder learns "
+            "it at its next renewal",
+            key,
+            _operator(),
+            socket.gethostname(),
+            ""
+            if held is None
+            else f" (it was held by {held.holder or '?'}, fencing token {held.fencing_token})",
+        )
         self.stdout.write(f"Released {what}; the key keeps its fencing token.")
 
-    def prune(self, store: LockStore, older_than: str) -> None:
+    def prune(self, store: LockStore, older_than: str, *, dry_run: bool = False) -> None:
         try:
             ms = bounded_ms(
-                older_than, name="--older-than", minimum_ms=1, maximum_ms=MAX_DURATION_MS
+                older_than, name="--older-than", minimum_ms=0, maximum_ms=MAX_DURATION_MS
             )
         except (TypeError, ValueError) as exc:
             raise CommandError(str(exc)) from exc
@@ -155,15 +179,32 @@ class Command(BaseCommand):
             )
             return
         try:
-            count = prune_database_store(store, ms)
+            count = count_prunable(store, ms) if dry_run else prune_database_store(store, ms)
         except Exception as exc:
             if isinstance(exc, LocksError):
                 raise
             raise CommandError(f"Pruning {store!r} failed: {exc}") from exc
+        if dry_run:
+            self.stdout.write(
+                f"Would prune {count} lease{'' if count == 1 else 's'} released or expired more "
+                f"than {older_than} ago from {store!r} (--dry-run: nothing deleted)."
+            )
+            return
         self.stdout.write(
             f"Pruned {count} lease{'' if count == 1 else 's'} released or expired more than "
             f"{older_than} ago from {store!r}; every key's next token stays greater."
         )
+
+
+def count_prunable(store: DatabaseStore, older_than_ms: int) -> int:
+    """How many rows :func:`prune_database_store` would delete now (nothing is deleted)."""
+    connection = connections[store.using]
+    with connection.cursor() as cursor:
+        if connection.vendor == "sqlite":
+            cursor.execute(SQLITE_PRUNE_COUNT, [f"-{older_than_ms / 1000:.3f} seconds"])
+        else:
+            cursor.execute(PG_PRUNE_COUNT, [older_than_ms])
+        return int(cursor.fetchone()[0])
 
 
 def prune_database_store(store: DatabaseStore, older_than_ms: int) -> int:
@@ -206,12 +247,18 @@ def _as_json(lease: LeaseInfo) -> dict[str, Any]:
     return {
         "key": lease.key,
         "state": lease.state,
-        "owner": lease.owner,
-        "holder": lease.holder,
+        "holder": lease.holder,  # never the owner id: it is the holder's secret
         "fencing_token": lease.fencing_token,
         "acquired_at": lease.acquired_at.isoformat() if lease.acquired_at else None,
         "expires_in": lease.expires_in.total_seconds() if lease.expires_in is not None else None,
     }
+
+
+def _operator() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:  # no user name in this environment (a container without /etc/passwd)
+        return "an unknown user"
 
 
 def _printable(key: str) -> str:
