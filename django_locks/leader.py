@@ -24,7 +24,7 @@ from django.utils.module_loading import autodiscover_modules
 from django_locks import durations, registry, signals
 from django_locks.context import running_under
 from django_locks.durations import Duration
-from django_locks.exceptions import AbortedError, LockLostError, StoreError
+from django_locks.exceptions import AbortedError, LockLostError, LocksError, StoreError
 from django_locks.keys import validate_key
 from django_locks.lock import Lock
 from django_locks.service import Locks
@@ -122,7 +122,7 @@ class Campaign:
         ttl_ms: int,
         grace: float,
         stopping: threading.Event,
-        report: Callable[[str], None] = lambda line: None,
+        report: Callable[[str, int], None] = lambda line, level: None,
     ) -> None:
         self.election = election
         self.key = election.key
@@ -136,10 +136,11 @@ class Campaign:
         self.finished_in_time = True
         self.instance = election.target() if election.is_class else None
         self._failures = 0
+        self._leader_seen: str | None = None  # the leader a follower last said it follows
 
     def _say(self, line: str, *args: Any, level: int = logging.INFO) -> None:
         logger.log(level, line, *args)
-        self.report(line % args)
+        self.report(line % args, level)
 
     def run(self) -> None:
         """Campaign until told to stop; an unexpected error ends this campaign, logged, and
@@ -159,8 +160,11 @@ class Campaign:
                 self.stopping.wait(self.ttl / 3)
                 continue
             if lock is None:
-                self._follow()
+                self._say_who_leads()
+                if self._follow():
+                    self._leader_seen = None  # a release: say who leads next
                 continue
+            self._leader_seen = None
             started = self.locks.clock.monotonic()
             outcome = self._lead(lock)
             if outcome in {"returned", "raised"} and not self.stopping.is_set():
@@ -170,22 +174,44 @@ class Campaign:
                 delay = min(self.ttl, min(1.0, self.ttl / 3) * 2 ** max(self._failures - 1, 0))
                 self.stopping.wait(random.uniform(delay / 2, delay))
 
-    def _follow(self) -> None:
-        """Wait up to ``ttl / 3`` for the next campaign, woken early by a release notice."""
+    def _say_who_leads(self) -> None:
+        """A follower says whom it follows: once, and again after the leader changed."""
+        if self._leader_seen is not None:
+            return
+        try:
+            leases = self.locks.store.leases()
+        except (NotImplementedError, LocksError):
+            leases = []
+        holder = next(
+            (lease.holder for lease in leases if lease.key == self.key and lease.state == "held"),
+            "",
+        )
+        self._leader_seen = holder
+        self._say(
+            "Following %s: %s leads; campaigning every %gs and when it lets go",
+            self.key,
+            holder or "another replica",
+            self.ttl / 3,
+        )
+
+    def _follow(self) -> bool:
+        """Wait up to ``ttl / 3`` for the next campaign, woken early by a release notice
+        (``True``: woken by one)."""
         give_up = self.locks.clock.monotonic() + self.ttl / 3
         while not self.stopping.is_set():
             remaining = give_up - self.locks.clock.monotonic()
             if remaining <= 0:
-                return
+                return False
             try:
                 if self.locks.store.wait_for_release(self.key, min(NOTICE_SLICE, remaining)):
-                    return
+                    return True
             except NotImplementedError:
                 self.stopping.wait(remaining)
-                return
+                return False
             except StoreError as exc:
                 logger.debug("Waiting for a release of %s failed: %s", self.key, exc)
                 self.stopping.wait(min(NOTICE_SLICE, remaining))
+        return False
 
     def _lead(self, lock: Lock) -> str:
         self._say("Leading %s (fencing token %s)", self.key, lock.fencing_token)
@@ -306,7 +332,7 @@ def run(
     ttl_ms: int | None,
     grace: float,
     stopping: threading.Event,
-    report: Callable[[str], None] = lambda line: None,
+    report: Callable[[str, int], None] = lambda line, level: None,
 ) -> int:
     """Campaign for every key of ``keys`` until ``stopping`` is set; return the exit code
     (0, or 1 when some work did not return within ``grace`` of the stop or a campaign failed)."""

@@ -13,5 +13,10 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {"django_locks": {"handlers": ["console"], "level": "WARNING"}},
+    "loggers": {
+        "django_locks": {
+            "handlers": ["console"],
+            "level": os.environ.get("DJANGO_LOCKS_TEST_LOG_LEVEL", "WARNING"),
+        }
+    },
 }

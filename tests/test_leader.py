@@ -55,7 +55,7 @@ class Replica:
             ttl_ms=TTL_MS,
             grace=2.0,
             stopping=self.stopping,
-            report=self.lines.append,
+            report=lambda line, level: self.lines.append(line),
         )
         self.thread = threading.Thread(target=self.campaign.run)
         self.thread.start()

@@ -12,6 +12,7 @@ import itertools
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -61,7 +62,9 @@ def fleet(store_kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> It
     LeaderWrite.objects.using("postgres").all().delete()
     procs: list[tuple[subprocess.Popen[bytes], Path]] = []
 
-    def start(ttl: str, count: int = 3) -> list[subprocess.Popen[bytes]]:
+    def start(
+        ttl: str, count: int = 3, log_level: str = "WARNING"
+    ) -> list[subprocess.Popen[bytes]]:
         started = []
         for _ in range(count):
             log = tmp_path / f"run_leader-{len(procs)}.log"
@@ -79,7 +82,7 @@ def fleet(store_kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> It
                     "--settings=tests.leader_settings",
                 ],
                 cwd=ROOT,
-                env=env,
+                env={**env, "DJANGO_LOCKS_TEST_LOG_LEVEL": log_level},
                 stdout=log.open("wb"),
                 stderr=subprocess.STDOUT,
             )
@@ -144,6 +147,14 @@ def test_three_processes_one_leader_and_sigterm_hands_over_at_once(fleet) -> Non
     logs = fleet.logs()
     assert "Stepped down from tests:fenced-writer (released)" in logs[leader]
     assert sum("Leading tests:fenced-writer" in text for text in logs.values()) == 2
+    # Followers say whom they follow (host:pid), and LOGGING's console handler for the
+    # django_locks logger (tests/leader_settings.py) does not make any line print twice.
+    followers = [pid for pid in logs if pid != leader]
+    for pid in followers:
+        assert f"Following tests:fenced-writer: {socket.gethostname()}:{leader} leads" in logs[pid]
+    for text in logs.values():
+        lines = text.splitlines()
+        assert all(a != b for a, b in itertools.pairwise(lines)), text
 
 
 def test_sigkill_the_leader_another_leads_within_ttl_and_a_third(fleet) -> None:
@@ -189,3 +200,14 @@ def test_sigstop_past_the_ttl_the_old_leader_learns_it_lost_by_deadline(fleet) -
     )
     print(f"late writes of the paused leader, refused by fencing: {late.count()}")
     check_history()
+
+
+@pytest.mark.parametrize("store_kind", ["postgres"])  # the output does not depend on the store
+def test_with_logging_showing_info_each_line_is_printed_once(fleet, store_kind) -> None:
+    [proc] = fleet("30s", count=1, log_level="INFO")
+    eventually(lambda: "Leading tests:fenced-writer" in fleet.logs()[proc.pid], timeout=30)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(15) == 0
+    text = fleet.logs()[proc.pid]
+    assert text.count("Leading tests:fenced-writer") == 1, text
+    assert text.count("Stepped down from tests:fenced-writer") == 1, text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 import threading
@@ -76,8 +77,16 @@ class Command(BaseCommand):
             ttl_ms=lease_ttl,
             grace=grace,
             stopping=stopping,
-            report=lambda line: self.stdout.write(line),
+            report=self._report,
         )
         self.stdout.flush()
         if code:
             sys.exit(code)
+
+    def _report(self, line: str, level: int) -> None:
+        """Print a campaign's line, unless LOGGING shows it already: each line is also logged on
+        the django_locks logger, and a project whose LOGGING sends that logger (at this level)
+        somewhere would see it twice."""
+        logger = logging.getLogger("django_locks")
+        if not (logger.isEnabledFor(level) and logger.hasHandlers()):
+            self.stdout.write(line)
