@@ -20,7 +20,7 @@ from django_locks import signals
 from django_locks.abort import AbortSignal
 from django_locks.clock import Clock, TimerHandle
 from django_locks.exceptions import AbortedError, DetectedBy, LockLostError, LockReleasedError
-from django_locks.stores.base import LockStore
+from django_locks.stores.base import LockStore, holder_name
 
 logger = logging.getLogger("django_locks")
 
@@ -244,11 +244,12 @@ class Keeper:
 
     def _announce_loss(self, error: LockLostError, callbacks: list[Any]) -> None:
         logger.warning(
-            "Lock lost: key=%r fencing_token=%s detected_by=%s owner=%s",
+            # The holder, never the owner id: that is the holder's secret (SPEC section 2).
+            "Lock lost: key=%r fencing_token=%s detected_by=%s holder=%s",
             error.key,
             error.fencing_token,
             error.detected_by,
-            self.owner,
+            holder_name(),
         )
         signals.send(
             signals.lock_lost,

@@ -15,6 +15,7 @@ from django_locks import LockLostError, Locks
 from django_locks.renewal import DRIFT, MARGIN
 from django_locks.signals import lock_lost
 from django_locks.stores import InMemoryStore
+from django_locks.stores.base import holder_name
 from django_locks.testing import ManualClock
 from tests.helpers import FaultyStore, eventually, recording
 
@@ -170,6 +171,8 @@ def test_loss_is_logged_as_a_warning_with_all_fields(service, store, clock, capl
     assert len(lost) == 1 and lost[0].levelno == logging.WARNING
     assert f"fencing_token={lock.fencing_token}" in lost[0].getMessage()
     assert "detected_by=deadline" in lost[0].getMessage()
+    assert f"holder={holder_name()}" in lost[0].getMessage()
+    assert lock.owner not in caplog.text  # the holder's secret is never logged
 
 
 def test_a_garbage_collected_lock_lapses_with_a_warning(
