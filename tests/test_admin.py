@@ -42,12 +42,14 @@ def leases(clock: ManualClock) -> dict[str, int]:
     """Leases in every state: two held, one expired, one released; their tokens by key."""
     store = locks.store
     tokens = {
-        "invoices:nightly-export": store.acquire("invoices:nightly-export", "o1", 60_000),
-        "inventory:feed": store.acquire("inventory:feed", "o2", 60_000),
-        "reports:weekly": store.acquire("reports:weekly", "o3", 1_000),
-        "cache:warmup": store.acquire("cache:warmup", "o4", 60_000),
+        "invoices:nightly-export": store.acquire(
+            "invoices:nightly-export", "owner-secret-1", 60_000
+        ),
+        "inventory:feed": store.acquire("inventory:feed", "owner-secret-2", 60_000),
+        "reports:weekly": store.acquire("reports:weekly", "owner-secret-3", 1_000),
+        "cache:warmup": store.acquire("cache:warmup", "owner-secret-4", 60_000),
     }
-    store.release("cache:warmup", "o4")
+    store.release("cache:warmup", "owner-secret-4")
     clock.advance("2s")
     return {key: int(token) for key, token in tokens.items() if token is not None}
 
@@ -104,6 +106,7 @@ def test_lists_every_state_held_first(viewer, leases):
     assert "expired 1s ago" in html
     assert f'<td class="field-fencing_token">{leases["reports:weekly"]}</td>' in html
     assert "process " in html  # the holder shows its host and process id
+    assert "owner-secret" not in html  # the owner id is the holder's secret
 
 
 def test_search_by_key_and_filter_by_state(viewer, leases):
