@@ -64,3 +64,16 @@ class StoreError(LocksError):
 
 class StoreTimeoutError(StoreError):
     """A store call did not answer within its timeout; its connection was discarded."""
+
+
+class OwnTransactionError(StoreError):
+    """The store's call would wait on the caller's own transaction, so it was not made.
+
+    SQLite only: this thread is inside ``transaction.atomic()`` on the lock store's database
+    file, and that transaction holds the file's write lock (it wrote; or, with the
+    ``transaction_mode`` option IMMEDIATE or EXCLUSIVE, it began), which the store's own
+    connection would wait for until its timeout. Raised at once, the message naming the fixes:
+    take the lock before (or outside) the atomic block, ``@transaction.non_atomic_requests`` on
+    a view under ``ATOMIC_REQUESTS``, or a PostgreSQL or Redis store. Nothing was written: an
+    acquire took no lock; a release refused so leaves the lease to expire at its ttl.
+    """

@@ -28,7 +28,7 @@ from django.db import connections
 from django.db.utils import Error as DjangoDatabaseError
 
 from django_locks.clock import ERROR_PAUSE, MAX_WAIT
-from django_locks.exceptions import StoreError, StoreTimeoutError
+from django_locks.exceptions import OwnTransactionError, StoreError, StoreTimeoutError
 
 if TYPE_CHECKING:
     from django_locks.stores.database import DatabaseStore
@@ -45,6 +45,11 @@ CANCEL_TIMEOUT = 5.0
 
 CANCEL_GRACE = 0.02
 """Seconds the watchdog gives the cancel request before it shuts the connection's socket down."""
+
+OWN_LOCK_WAIT = 0.05
+"""Seconds a write of the store waits for SQLite's write lock while this thread's own transaction
+on the same file is open (it may hold that lock: waiting longer cannot help); 0 when the
+transaction certainly holds it (``transaction_mode`` IMMEDIATE or EXCLUSIVE)."""
 
 
 class StoreConnection:
@@ -199,6 +204,8 @@ class _ProcessState:
         self.slots: threading.BoundedSemaphore | None = None
         self.shared: StoreConnection | None = None  # SQLite in memory: Django's connection
         self.shared_lock = threading.Lock()
+        # SQLite file inside a TestCase: the test's connection (its wrapper, and ours of it).
+        self.borrowed: tuple[Any, StoreConnection] | None = None
 
 
 class Pools:
@@ -227,9 +234,24 @@ class Pools:
             raise StoreTimeoutError(f"No time left for a call to the database {self.using!r}.")
         deadline = time.monotonic() + seconds
         state = self._current_state()
-        conn = self._checkout(state, deadline, renewal)
+        self._know_vendor()
+        own = None
+        if self.vendor == "sqlite" and not _in_memory(self.using):
+            own = _own_transaction(self.using)
+            if own is not None and not own.testcase and (renewal or not write):
+                # The renewer is never refused: a busy file is an error it retries (SPEC 10).
+                own = None
+        if own is not None and own.testcase:
+            conn = self._checkout_borrowed(state, own.wrapper, deadline)
+            own = None
+        else:
+            conn = self._checkout(state, deadline, renewal)
         try:
-            result = self._execute(conn, pg, sqlite, deadline, seconds, write)
+            result = self._execute(conn, pg, sqlite, deadline, seconds, write, own)
+        except OwnTransactionError:
+            # Refused, not broken: its transaction was rolled back, the connection is reusable.
+            self._give_back(state, conn, renewal, broken=conn.raw.in_transaction)
+            raise
         except BaseException:
             self._give_back(state, conn, renewal, broken=True)
             raise
@@ -244,6 +266,7 @@ class Pools:
         deadline: float,
         seconds: float,
         write: bool,
+        own: _OwnTransaction | None = None,
     ) -> T:
         _watchdog().watch(conn, deadline)
         try:
@@ -251,8 +274,11 @@ class Pools:
                 if conn.cursor is None:
                     conn.cursor = conn.raw.cursor()  # one per connection: made once, not per call
                 return pg(conn.cursor)
-            return _run_sqlite(conn, sqlite, deadline, write)
+            busy_wait = None if own is None else (0.0 if own.certain else OWN_LOCK_WAIT)
+            return _run_sqlite(conn, sqlite, deadline, write, busy_wait)
         except self.errors as exc:
+            if own is not None and _sqlite_busy(exc) and not conn.fired:
+                raise own.refusal(self.using) from exc
             if _watchdog().unwatch(conn):
                 raise StoreTimeoutError(
                     f"The database {self.using!r} did not answer within {seconds:g}s; the call "
@@ -277,13 +303,19 @@ class Pools:
 
     # Getting a connection and giving it back.
 
-    def _checkout(self, state: _ProcessState, deadline: float, renewal: bool) -> StoreConnection:
+    def _know_vendor(self) -> None:
         if not self.vendor:
             wrapper: Any = connections[self.using]
             self.vendor = wrapper.vendor
             self.errors = (DjangoDatabaseError, OSError, wrapper.Database.Error)
+
+    def _checkout(self, state: _ProcessState, deadline: float, renewal: bool) -> StoreConnection:
+        self._know_vendor()
         if self.vendor == "sqlite" and _in_memory(self.using):
             return self._checkout_shared(state, deadline)
+        borrowed = self._borrowed_elsewhere(state, deadline)
+        if borrowed is not None:
+            return borrowed
         if self.max_connections is None or renewal:
             with state.lock:
                 conn: StoreConnection | None = getattr(state.local, "conn", None)
@@ -320,6 +352,7 @@ class Pools:
         if not conn.owned:
             if broken:
                 state.shared = None
+                state.borrowed = None
             state.shared_lock.release()
             return
         pooled = self.max_connections is not None and not renewal
@@ -356,6 +389,41 @@ class Pools:
         except BaseException:
             state.shared_lock.release()
             raise
+
+    def _checkout_borrowed(
+        self, state: _ProcessState, wrapper: Any, deadline: float
+    ) -> StoreConnection:
+        # Inside a TestCase on a SQLite file the test's transaction may hold the write lock,
+        # and what it wrote is seen only through its connection (SPEC section 7): the store
+        # writes through that connection, one call at a time (the renewer's too, see below).
+        if not state.shared_lock.acquire(timeout=max(deadline - time.monotonic(), 0)):
+            raise StoreTimeoutError(f"The SQLite database {self.using!r} stayed busy.")
+        try:
+            borrowed = state.borrowed
+            if (
+                borrowed is None
+                or borrowed[0] is not wrapper
+                or borrowed[1].raw is not wrapper.connection
+            ):
+                conn = StoreConnection(wrapper.connection, vendor="sqlite", owned=False)
+                conn.name = wrapper.settings_dict["NAME"]
+                borrowed = state.borrowed = (wrapper, conn)
+            return borrowed[1]
+        except BaseException:
+            state.shared_lock.release()
+            raise
+
+    def _borrowed_elsewhere(self, state: _ProcessState, deadline: float) -> StoreConnection | None:
+        """The test's connection, for the other threads (the renewer) while its TestCase
+        transaction is open; None (and forgotten) once it is not."""
+        borrowed = state.borrowed
+        if borrowed is None:
+            return None
+        wrapper, conn = borrowed
+        if _testcase_open(wrapper) and wrapper.connection is conn.raw:
+            return self._checkout_borrowed(state, wrapper, deadline)
+        state.borrowed = None
+        return None
 
     def _connect(self, state: _ProcessState, deadline: float) -> StoreConnection:
         base = connections[self.using]
@@ -464,13 +532,92 @@ def _in_memory(using: str) -> bool:
     return bool(wrapper.is_in_memory_db())
 
 
-def _run_sqlite(conn: StoreConnection, fn: Callable[[Any], T], deadline: float, write: bool) -> T:
+class _OwnTransaction:
+    """This thread's open transaction on the SQLite file a store call is about to write."""
+
+    def __init__(self, wrapper: Any, *, testcase: bool, certain: bool) -> None:
+        self.wrapper = wrapper
+        self.testcase = testcase  # a TestCase's: the store writes through its connection
+        self.certain = certain  # it holds the write lock for sure (IMMEDIATE or EXCLUSIVE)
+
+    def refusal(self, using: str) -> StoreError:
+        alias = self.wrapper.alias
+        how = (
+            f"holds it since it began (transaction_mode {self.wrapper.transaction_mode})"
+            if self.certain
+            else "holds it (it wrote, or, in SQLite's rollback-journal mode, it read)"
+        )
+        same = f"alias {alias!r}" if alias == using else f"alias {alias!r}, the same file"
+        return OwnTransactionError(
+            f"The lock store cannot write to the SQLite database {using!r}: this thread is "
+            f"inside transaction.atomic() on {same}, whose open transaction {how}; the store's "
+            "own connection would wait on it until the call's timeout. Take the lock before "
+            "entering transaction.atomic() (or outside it); under ATOMIC_REQUESTS, decorate the "
+            "view with @transaction.non_atomic_requests and take the lock before the atomic "
+            "block; or use PostgreSQL or Redis for locks."
+        )
+
+
+def _testcase_open(wrapper: Any) -> bool:
+    """Whether ``wrapper``'s outermost open atomic block is a TestCase's."""
+    blocks = wrapper.atomic_blocks
+    return bool(wrapper.in_atomic_block and blocks and getattr(blocks[0], "_from_testcase", False))
+
+
+def _own_transaction(using: str) -> _OwnTransaction | None:
+    """This thread's open transaction on the SQLite file of ``using`` (through any alias)."""
+    target = _sqlite_file(connections[using].settings_dict["NAME"])
+    for wrapper in connections.all(initialized_only=True):
+        if (
+            wrapper.vendor != "sqlite"
+            or wrapper.connection is None
+            or not wrapper.in_atomic_block
+            or _sqlite_file(wrapper.settings_dict["NAME"]) != target
+        ):
+            continue
+        if _testcase_open(wrapper):
+            return _OwnTransaction(wrapper, testcase=True, certain=False)
+        if wrapper.connection.in_transaction:
+            mode = getattr(wrapper, "transaction_mode", None)
+            return _OwnTransaction(
+                wrapper, testcase=False, certain=mode in ("IMMEDIATE", "EXCLUSIVE")
+            )
+    return None
+
+
+def _sqlite_file(name: object) -> str:
+    return os.path.realpath(os.fspath(name)) if isinstance(name, str | os.PathLike) else ""
+
+
+def _sqlite_busy(exc: BaseException) -> bool:
+    """Whether ``exc`` is SQLite's "database is locked" (SQLITE_BUSY), however wrapped."""
+    for error in (exc, exc.__cause__):
+        code = getattr(error, "sqlite_errorcode", None)
+        if code is not None and code & 0xFF == 5:  # SQLITE_BUSY and its extended codes
+            return True
+        if error is not None and "database is locked" in str(error):
+            return True
+    return False
+
+
+def _run_sqlite(
+    conn: StoreConnection,
+    fn: Callable[[Any], T],
+    deadline: float,
+    write: bool,
+    busy_wait: float | None = None,
+) -> T:
     raw = conn.raw
     cursor = raw.cursor()
     try:
         if conn.owned:
-            # Waiting for another process's write lock counts against the call's timeout.
-            ms = max(1, math.ceil((deadline - time.monotonic()) * 1000))
+            # Waiting for another process's write lock counts against the call's timeout; with
+            # this thread's own transaction open on the file, only ``busy_wait``.
+            left = deadline - time.monotonic()
+            if busy_wait is None:
+                ms = max(1, math.ceil(left * 1000))
+            else:
+                ms = max(0, math.ceil(min(left, busy_wait) * 1000))
             cursor.execute(f"PRAGMA busy_timeout = {ms}")
         if not write:
             return fn(cursor)

@@ -1,0 +1,200 @@
+"""Scenarios of tests/test_sqlite_transactions.py, each in a process of its own on a SQLite file.
+
+``python -m tests.sqlite_scenarios SCENARIO DB [transaction_mode|wal]`` configures Django on the
+file ``DB``, migrates it, runs the scenario and prints its facts as one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+import django
+from django.conf import settings
+
+
+def setup(db: str, option: str) -> None:
+    options: dict[str, Any] = {"timeout": 4}
+    if option in ("IMMEDIATE", "EXCLUSIVE"):
+        options["transaction_mode"] = option
+    if option == "wal":
+        options["init_command"] = "PRAGMA journal_mode=WAL"
+    settings.configure(
+        DATABASES={
+            "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": db, "OPTIONS": options}
+        },
+        INSTALLED_APPS=["django_locks"],
+        USE_TZ=True,
+        LOCKS={"BACKEND": "django_locks.stores.DatabaseStore"},
+        SILENCED_SYSTEM_CHECKS=["django_locks.W101"],
+    )
+    django.setup()
+    from django.core.management import call_command
+    from django.db import connection
+
+    call_command("migrate", verbosity=0)
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TABLE IF NOT EXISTS app_row (n integer)")
+
+
+def refused(fn: Any) -> dict[str, Any]:
+    """Run ``fn()``; what it raised (or returned) and how long it took."""
+    started = time.monotonic()
+    try:
+        value = fn()
+    except Exception as exc:
+        return {
+            "error": type(exc).__name__,
+            "store_error": _is_store_error(exc),
+            "message": str(exc),
+            "seconds": time.monotonic() - started,
+        }
+    return {"value": repr(value), "seconds": time.monotonic() - started}
+
+
+def _is_store_error(exc: BaseException) -> bool:
+    from django_locks.exceptions import StoreError
+
+    return isinstance(exc, StoreError)
+
+
+def write_row() -> None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("INSERT INTO app_row (n) VALUES (1)")
+
+
+def read_row() -> None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM app_row").fetchone()
+
+
+def locks() -> Any:
+    from django_locks.service import Locks
+    from django_locks.stores.database import DatabaseStore
+
+    return Locks(DatabaseStore(), ttl="10s")
+
+
+def after_a_write() -> dict[str, Any]:
+    from django.db import transaction
+
+    service = locks()
+    held = service.acquire("held-before")  # taken before the block: released inside it
+    with transaction.atomic():
+        write_row()
+        acquire = refused(lambda: service.acquire("k"))
+        release = refused(held.release)
+    after = refused(lambda: service.acquire("k"))  # the block committed: works again
+    # The refused release wrote nothing: the lease is still the store's until its ttl.
+    still_taken = service.acquire("held-before") is None
+    return {"acquire": acquire, "release": release, "after": after, "still_taken": still_taken}
+
+
+def immediate_mode() -> dict[str, Any]:
+    from django.db import transaction
+
+    service = locks()
+    with transaction.atomic():
+        acquire = refused(lambda: service.acquire("k"))
+    return {"acquire": acquire, "after": refused(lambda: service.acquire("k"))}
+
+
+def nothing_written() -> dict[str, Any]:
+    from django.db import transaction
+
+    service = locks()
+    with transaction.atomic():
+        fresh = refused(lambda: service.acquire("fresh"))
+        read_row()
+        after_read = refused(lambda: service.acquire("after-read"))
+    return {"fresh": fresh, "after_read": after_read}
+
+
+def inside_a_testcase() -> dict[str, Any]:
+    """A TestCase's wrapping transaction (marked as Django marks it) that wrote."""
+    from django.db import transaction
+
+    service = locks()
+    outer = transaction.atomic()
+    outer._from_testcase = True  # type: ignore[attr-defined]
+    outer.__enter__()
+    try:
+        write_row()
+        lock = service.acquire("k", ttl="300ms")
+        time.sleep(1.0)  # renewed (through the test's connection) three times or more
+        result = {
+            "acquired": lock is not None,
+            "held_after_1s": lock is not None and lock.held and not lock.signal.aborted,
+            "released": refused(lock.release) if lock is not None else None,
+        }
+    finally:
+        outer.__exit__(None, None, None)
+    return result
+
+
+def renewer_waits(db: str) -> dict[str, Any]:
+    """The renewer meets a busy file (another process's write lock, then this thread's own
+    transaction that wrote): errors it retries, never a refusal; the lock stays held."""
+    import logging
+
+    from django.db import transaction
+
+    records: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    logging.getLogger("django_locks").addHandler(Collect())
+    logging.getLogger("django_locks").setLevel(logging.DEBUG)
+    service = locks()
+    lock = service.acquire("k", ttl="1500ms")
+    assert lock is not None
+    other = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1], isolation_level=None);"
+            " c.execute('BEGIN IMMEDIATE'); print('locked', flush=True); time.sleep(0.7);"
+            " c.execute('COMMIT')",
+            db,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert other.stdout is not None and other.stdout.readline().strip() == "locked"
+    other.wait(10)
+    with transaction.atomic():
+        write_row()  # this thread's own transaction holds the write lock for 0.7 s
+        time.sleep(0.7)
+    time.sleep(1.0)  # renewals after both: confirmed again
+    return {
+        "held": lock.held and not lock.signal.aborted,
+        "refusals": [r for r in records if "cannot write to the SQLite" in r],
+        "released": refused(lock.release),
+    }
+
+
+def main() -> None:
+    scenario, db = sys.argv[1], sys.argv[2]
+    option = sys.argv[3] if len(sys.argv) > 3 else ""
+    setup(db, option)
+    scenarios = {
+        "after_a_write": after_a_write,
+        "immediate_mode": immediate_mode,
+        "nothing_written": nothing_written,
+        "inside_a_testcase": inside_a_testcase,
+        "renewer_waits": lambda: renewer_waits(db),
+    }
+    print(json.dumps(scenarios[scenario]()))
+
+
+if __name__ == "__main__":
+    main()
