@@ -11,6 +11,10 @@ from collections.abc import Sequence
 from django_locks.clock import Clock
 from django_locks.stores.base import LeaseInfo, LockStore, holder_name
 
+# The longest expires_in a listing shows: a timedelta cannot hold more than 999,999,999 days, and a
+# lease taken with a huge ttl_ms (by a caller of the store itself) must not crash leases().
+_LONGEST = datetime.timedelta(days=999_999_998).total_seconds()
+
 
 @dataclasses.dataclass
 class _Lease:
@@ -133,7 +137,7 @@ class InMemoryStore(LockStore):
                     state, expires_in = "released", None
                 else:
                     state = "held" if lease.expires_at > now else "expired"
-                    expires_in = datetime.timedelta(seconds=lease.expires_at - now)
+                    expires_in = datetime.timedelta(seconds=min(lease.expires_at - now, _LONGEST))
                 if state != "held" and not include_inactive:
                     continue
                 listed.append(

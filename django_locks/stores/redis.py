@@ -18,7 +18,7 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
 from django_locks.clock import MAX_WAIT
-from django_locks.durations import Duration, to_seconds
+from django_locks.durations import MAX_DURATION_MS, Duration, to_seconds
 from django_locks.exceptions import StoreError, StoreTimeoutError
 from django_locks.stores.base import LeaseInfo, LockStore, holder_name
 
@@ -162,6 +162,8 @@ _CACHE_IGNORED = {"pool_class", "parser_class", "socket_timeout", "socket_connec
 _CACHE_IGNORED |= {"max_connections", "retry", "retry_on_timeout", "health_check_interval"}
 _CHECK_TIMEOUT = 2.0
 _MAX_REDIRECTS = 3
+MAX_CALL_TIMEOUT = MAX_DURATION_MS / 1000
+"""The longest bound of one call, in seconds (366 days): the longest a lock's call may take."""
 
 
 class _Process:
@@ -516,7 +518,8 @@ class RedisStore(LockStore):
     def _deadline(self, timeout: float | None) -> float:
         if timeout is None:
             timeout = self.socket_timeout
-        return time.monotonic() + timeout
+        # Capped at the longest ttl: a socket timeout past about 300 years overflows time_t.
+        return time.monotonic() + min(timeout, MAX_CALL_TIMEOUT)
 
     def _state(self) -> _Process:
         process = self._process

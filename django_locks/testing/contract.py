@@ -26,6 +26,7 @@ from typing import Any, ClassVar, TypeVar
 
 from django.test import TransactionTestCase
 
+from django_locks.durations import MAX_DURATION_MS
 from django_locks.stores.base import LockStore
 
 T = TypeVar("T")
@@ -77,6 +78,13 @@ class LockStoreContract(TransactionTestCase):
             return call()
         except NotImplementedError:
             self.skipTest(f"{type(self.store).__name__} does not offer this optional capability")
+
+    def optional_or_none(self, call: Callable[[], T]) -> T | None:
+        """``call()``, or ``None`` when the store does not offer that optional capability."""
+        try:
+            return call()
+        except NotImplementedError:
+            return None
 
     def wait_until_expired(self, key: str, owner: str) -> None:
         """Poll until ``owner``'s lease on ``key`` expired on the store's clock.
@@ -224,6 +232,41 @@ class LockStoreContract(TransactionTestCase):
         self.assertIsNone(self.store.acquire(self.key(), _owner(), WEEK_MS))
         self.assertTrue(self.store.renew(self.key(), owner, 4 * WEEK_MS))
         self.assertTrue(self.store.release(self.key(), owner))
+
+    def test_the_shortest_ttl_1_ms(self) -> None:
+        owner = _owner()
+        token = self.store.acquire(self.key(), owner, 1)
+        self.assertIsNotNone(token)
+        deadline = time.monotonic() + POLL_LIMIT
+        while (other := self.store.acquire(self.key(), _owner(), 1)) is None:
+            self.assertLess(time.monotonic(), deadline, "a 1 ms lease never expired")
+            time.sleep(0.005)
+        assert token is not None
+        self.assertGreater(other, token)
+        self.wait_until_expired(self.key(), owner)
+        self.assertFalse(self.store.renew(self.key(), owner, 1))
+        self.assertFalse(self.store.release(self.key(), owner))
+
+    def test_the_longest_ttl_366_days(self) -> None:
+        owner, longest = _owner(), MAX_DURATION_MS
+        token = self.store.acquire(self.key(), owner, longest)
+        self.assertIsNotNone(token)
+        self.assertIsNone(self.store.acquire(self.key(), _owner(), longest))
+        self.assertEqual(self.store.acquire(self.key(), owner, longest), token)
+        self.assertTrue(self.store.renew(self.key(), owner, longest))
+        self.assertEqual(
+            self.optional_or_none(lambda: self.store.renew_many([(self.key(), owner, longest)])),
+            [True],
+        )
+        listed = self.optional_or_none(lambda: self.store.leases(include_inactive=True))
+        if listed is not None:
+            (info,) = [lease for lease in listed if lease.key == self.key()]
+            assert info.expires_in is not None
+            self.assertGreater(info.expires_in.total_seconds(), longest / 1000 - 3600)
+        self.assertTrue(self.store.release(self.key(), owner))
+        again = self.store.acquire(self.key(), _owner(), longest)
+        assert token is not None and again is not None
+        self.assertGreater(again, token)
 
     # Keys.
 
