@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import os
 import random
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
@@ -17,7 +15,7 @@ from django.utils.functional import LazyObject, empty
 
 from django_locks import durations
 from django_locks.abort import AbortSignal
-from django_locks.aio import ReleaseNotices
+from django_locks.aio import ReleaseNotices, attempt
 from django_locks.clock import Clock, system_clock
 from django_locks.context import _current
 from django_locks.durations import Duration, to_milliseconds
@@ -270,32 +268,10 @@ class Locks:
         return Lock(keeper)
 
     async def _atry(self, key: str, ttl_ms: int) -> Lock | None:
-        """:meth:`_try` in a thread. When the awaiting task is cancelled mid-call, whichever side
-        sees the lock last (the thread, or the cancelled task) releases it."""
-        mutex = threading.Lock()
-        handed: list[Lock | None] = []
-        cancelled = False
-
-        def attempt() -> Lock | None:
-            lock = self._try(key, ttl_ms)
-            with mutex:
-                if not cancelled:
-                    handed.append(lock)
-                    return lock
-            if lock is not None:
-                self._discard(lock)
-            return None
-
-        call = asyncio.get_running_loop().run_in_executor(None, attempt)
-        try:
-            return await asyncio.shield(call)
-        except asyncio.CancelledError:
-            with mutex:
-                cancelled = True
-                got = handed[0] if handed else None
-            if got is not None:
-                self._discard(got)
-            raise
+        """:meth:`_try` in a thread. When the awaiting task is cancelled mid-call, the lock the
+        call gets is released (whichever side sees it last: the thread's answer, or the
+        cancelled task)."""
+        return await attempt(lambda: self._try(key, ttl_ms), self._discard)
 
 
 class LockBlock:

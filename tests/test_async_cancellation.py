@@ -100,7 +100,7 @@ def test_wait_for_with_tiny_timeouts_leaves_nothing_held(store: LockStore) -> No
 
     async def block(key: str) -> None:
         async with service.alock(key, wait="5s"):
-            await asyncio.sleep(0)
+            await asyncio.sleep(0.001)  # so that the sweep's timeouts fall on every phase
 
     async def main() -> None:
         nonlocal timed_out
