@@ -16,6 +16,9 @@ How a page runs:
   restored after each page, and each block starts with empty job registries (pages show
   alternatives under one key).
 
+The tutorial is not run here: its snippets are the files of a new project, which
+``tests/test_tutorial.py`` builds and runs as the page says.
+
 Not runnable blocks are marked with an RST comment right before them, with the reason::
 
     .. sample: skip needs sentry_sdk, which the test suite does not install
@@ -53,6 +56,7 @@ PAGES = sorted(
 SKIP = re.compile(r"^\.\. sample: skip (?P<reason>\S.*)$")
 MODULE = re.compile(r"^#\s*(?P<path>[\w/]+)\.py\b")
 MAX_SKIPPED = 6
+TUTORIAL = "tutorial.rst"  # run by tests/test_tutorial.py, as a project of its own
 
 
 @dataclasses.dataclass
@@ -77,10 +81,12 @@ def blocks(page: str) -> list[Block]:
         before = [text.strip() for text in lines[:number] if text.strip()]
         skip = SKIP.match(before[-1]) if before else None
         indent = len(line) - len(line.lstrip())
-        body = []
+        body: list[str] = []
         for text in lines[number + 1 :]:
             if text.strip() and len(text) - len(text.lstrip()) <= indent:
                 break  # the first line back at the directive's indentation ends the block
+            if not body and re.match(r"^\s+:[\w-]+:", text):
+                continue  # an option of the directive (``:caption:``), not code
             body.append(text)
         code = textwrap.dedent("\n".join(body)).strip("\n") + "\n"
         found.append(Block(page, number + 1, code, skip["reason"] if skip else None))
@@ -231,7 +237,11 @@ def run_block(block: Block, ns: dict[str, Any]) -> None:
 
 # Pages with something to run: those without a Python sample are not collected at all (rather
 # than skipped), and a page gaining one is collected at once.
-SAMPLED = [page for page in PAGES if page in CHECKS or any(b.skip is None for b in blocks(page))]
+SAMPLED = [
+    page
+    for page in PAGES
+    if page != TUTORIAL and (page in CHECKS or any(b.skip is None for b in blocks(page)))
+]
 
 
 @pytest.mark.django_db

@@ -1,0 +1,1 @@
+"""Processes the tutorial test runs inside the project it builds from docs/tutorial.rst."""
