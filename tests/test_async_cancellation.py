@@ -155,7 +155,7 @@ def test_cancelled_at_random_instants_of_acquire_body_and_exit(store: LockStore)
     asyncio.run(main())
     assert_nothing_held(service, keys)
     # The instants reached every phase (the exit is the shortest: a few are enough).
-    assert phases["acquire"] > 10 and phases["body"] > 10 and phases["exit"] >= 3, phases
+    assert phases["acquire"] >= 5 and phases["body"] >= 5 and phases["exit"] >= 3, phases
 
 
 def test_a_block_cancelled_while_leaving_has_released_when_the_task_ends() -> None:
