@@ -13,7 +13,7 @@ import urllib.parse
 import zlib
 from typing import Any
 
-from benchmarks.measure import Contender
+from benchmarks.measure import Contender, Handoff, async_handoff
 from django_locks.stores.database import PG_ACQUIRE_CALL, PG_RELEASE_CALL
 
 EXPIRY_S = 30
@@ -55,6 +55,21 @@ class DjangoLocksSession:
 
 def django_locks(name: str, locks: Any, note: str = "") -> Contender:
     return Contender(name, lambda: DjangoLocksSession(locks), note)
+
+
+def async_django_locks(name: str, locks: Any) -> Contender:
+    """django_locks from coroutines: ``aacquire(wait=...)`` / ``arelease()`` on one event
+    loop, for the handoff only (its waiters are tasks, not threads)."""
+
+    def unused() -> Any:
+        raise NotImplementedError("the async contender measures its handoff only")
+
+    def measure(key: str, *, waiters: int, handoffs: int, hold: float) -> Handoff:
+        return async_handoff(
+            locks, key, waiters=waiters, handoffs=handoffs, hold=hold, wait=EXPIRY_S
+        )
+
+    return Contender(name, unused, measure_handoff=measure)
 
 
 class PairOnly:

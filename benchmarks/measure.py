@@ -7,6 +7,7 @@ every contender sees the same machine, and reported as median and p99.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import math
@@ -40,6 +41,8 @@ class Contender:
     name: str
     open: Callable[[], Session]
     note: str = ""
+    measure_handoff: Callable[..., Handoff] | None = None
+    """Measures this contender's handoff itself (the async one: coroutines, not threads)."""
 
 
 @dataclasses.dataclass
@@ -129,6 +132,14 @@ class Handoff:
     handoffs: int
     seconds: float
 
+    def joined(self, other: Handoff) -> Handoff:
+        """This measurement and ``other`` (another turn of the same contender) as one."""
+        return Handoff(
+            Latency(self.latency.samples + other.latency.samples),
+            self.handoffs + other.handoffs,
+            self.seconds + other.seconds,
+        )
+
 
 def handoff(contender: Contender, key: str, *, waiters: int, handoffs: int, hold: float) -> Handoff:
     """``waiters`` threads contend for ``key``. Each holder keeps it ``hold`` seconds, notes the
@@ -183,6 +194,53 @@ def handoff(contender: Contender, key: str, *, waiters: int, handoffs: int, hold
         session.close()
     if errors:
         raise errors[0]
+    return Handoff(Latency(samples or [math.nan]), len(samples), time.perf_counter() - began)
+
+
+def async_handoff(
+    locks: Any, key: str, *, waiters: int, handoffs: int, hold: float, wait: float
+) -> Handoff:
+    """:func:`handoff` for coroutines: ``waiters`` tasks of one event loop contend for ``key``
+    through ``aacquire(wait=...)``; each holder keeps it ``hold`` seconds, notes the time and
+    awaits ``arelease()``; then contends again once another task took the lock."""
+    samples: list[float] = []
+    state: dict[str, Any] = {"released_at": None, "acquisitions": 0, "stop": False}
+
+    def taken_since(acquisitions: int) -> bool:
+        return bool(state["stop"] or state["acquisitions"] > acquisitions)
+
+    async def main() -> None:
+        changed = asyncio.Condition()
+
+        async def work() -> None:
+            while True:
+                lock = await locks.aacquire(key, wait=wait)
+                if lock is None:
+                    raise RuntimeError(f"{key!r} stayed taken for {wait}s")
+                acquired = time.perf_counter()
+                async with changed:
+                    if state["released_at"] is not None:
+                        samples.append(acquired - state["released_at"])
+                        state["released_at"] = None
+                    state["acquisitions"] += 1
+                    mine = state["acquisitions"]
+                    if len(samples) >= handoffs:
+                        state["stop"] = True
+                    stop = state["stop"]
+                    changed.notify_all()
+                if not stop:
+                    await asyncio.sleep(hold)  # the previous holder settles into waiting
+                state["released_at"] = time.perf_counter()
+                await lock.arelease()
+                async with changed:
+                    await changed.wait_for(functools.partial(taken_since, mine))
+                    if state["stop"]:
+                        return
+
+        await asyncio.wait_for(asyncio.gather(*(work() for _ in range(waiters))), 300)
+
+    began = time.perf_counter()
+    asyncio.run(main())
     return Handoff(Latency(samples or [math.nan]), len(samples), time.perf_counter() - began)
 
 
