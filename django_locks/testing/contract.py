@@ -254,10 +254,11 @@ class LockStoreContract(TransactionTestCase):
         self.assertIsNone(self.store.acquire(self.key(), _owner(), longest))
         self.assertEqual(self.store.acquire(self.key(), owner, longest), token)
         self.assertTrue(self.store.renew(self.key(), owner, longest))
-        self.assertEqual(
-            self.optional_or_none(lambda: self.store.renew_many([(self.key(), owner, longest)])),
-            [True],
+        renewed = self.optional_or_none(
+            lambda: self.store.renew_many([(self.key(), owner, longest)])
         )
+        if renewed is not None:  # a store without renew_many renews one lease per call
+            self.assertEqual(renewed, [True])
         listed = self.optional_or_none(lambda: self.store.leases(include_inactive=True))
         if listed is not None:
             (info,) = [lease for lease in listed if lease.key == self.key()]
