@@ -53,6 +53,12 @@ def bounded_ms(value: Duration, *, name: str, minimum_ms: int, maximum_ms: int) 
     return math.ceil(ms)
 
 
+def timeout_seconds(value: Duration, *, name: str) -> float:
+    """A store's own timeout option (a call, a socket, a connect): 1 ms to 366 days, so that no
+    option, however large, reaches a socket timeout or a wait as an overflow."""
+    return bounded_ms(value, name=name, minimum_ms=1, maximum_ms=MAX_DURATION_MS) / 1000
+
+
 def ttl_ms(value: Duration, *, name: str = "ttl") -> int:
     """A lock's ttl: 50 ms to 366 days."""
     return bounded_ms(value, name=name, minimum_ms=MIN_TTL_MS, maximum_ms=MAX_DURATION_MS)

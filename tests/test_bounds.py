@@ -690,3 +690,17 @@ def test_property_key_template_arguments(a: Any, b: Any, template: str) -> None:
         result = checked(lambda: job(a, b=b), "key")
     if result == "ran":
         assert [lease.state for lease in store.leases(include_inactive=True)] == ["released"]
+
+
+@pytest.mark.parametrize("value", [10**400, 1e300, "400000d", 0, float("nan"), True])
+def test_store_timeout_options_are_bounded(value: object) -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    from django_locks.stores.database import DatabaseStore
+    from django_locks.stores.redis import RedisStore
+
+    with pytest.raises(ImproperlyConfigured, match="`timeout`"):
+        DatabaseStore("default", timeout=value)  # type: ignore[arg-type]
+    for option in ("socket_timeout", "socket_connect_timeout"):
+        with pytest.raises(ImproperlyConfigured, match=f"`{option}`"):
+            RedisStore(url="redis://127.0.0.1:1/0", **{option: value})  # type: ignore[arg-type]

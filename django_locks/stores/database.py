@@ -14,7 +14,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.utils.connection import ConnectionDoesNotExist
 from django.utils.dateparse import parse_datetime
 
-from django_locks.durations import Duration, to_seconds
+from django_locks.durations import Duration, timeout_seconds
 from django_locks.exceptions import StoreError
 from django_locks.stores.base import LeaseInfo, LeaseState, LockStore, holder_name
 from django_locks.stores.database_connections import Pools, register
@@ -254,7 +254,7 @@ class DatabaseStore(LockStore):
             )
         self.using = using
         try:
-            self.timeout = to_seconds(timeout, name="timeout")
+            self.timeout = timeout_seconds(timeout, name="timeout")
         except (TypeError, ValueError) as exc:
             raise ImproperlyConfigured(f"DatabaseStore: {exc}.") from exc
         if max_connections is not None and (

@@ -18,7 +18,7 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
 from django_locks.clock import MAX_WAIT
-from django_locks.durations import MAX_DURATION_MS, Duration, to_seconds
+from django_locks.durations import MAX_DURATION_MS, Duration, timeout_seconds
 from django_locks.exceptions import StoreError, StoreTimeoutError
 from django_locks.stores.base import LeaseInfo, LockStore, holder_name
 
@@ -224,8 +224,8 @@ class RedisStore(LockStore):
                 f"RedisStore option 'cluster' must be a bool, got {cluster!r}."
             )
         try:
-            self.socket_timeout = to_seconds(socket_timeout, name="socket_timeout")
-            self.socket_connect_timeout = to_seconds(
+            self.socket_timeout = timeout_seconds(socket_timeout, name="socket_timeout")
+            self.socket_connect_timeout = timeout_seconds(
                 socket_connect_timeout, name="socket_connect_timeout"
             )
         except (TypeError, ValueError) as exc:
