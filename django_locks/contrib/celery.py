@@ -39,9 +39,9 @@ from celery.local import Proxy
 from django_locks import decorators, signals
 from django_locks.decorators import ELSEWHERE, OWNER_SUFFIX, JobSpec, job_spec
 from django_locks.exceptions import LocksError
-from django_locks.service import Locks
 from django_locks.keys import MAX_KEY_LENGTH
 from django_locks.lock import Lock
+from django_locks.service import Locks
 
 logger = logging.getLogger("django_locks")
 
