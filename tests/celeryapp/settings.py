@@ -2,8 +2,9 @@
 
 ``DL_DB``: the SQLite file every process shares; ``DL_BROKER``: the Redis broker URL;
 ``DL_LOCKS``: the ``LOCKS`` setting as JSON; ``DL_SCHEDULE``: beat entries as JSON
-(``{"name": {"task": ..., "every": seconds, "args": [...], "kwargs": {...}}}``); ``DL_BEAT_APP``: add
-django_celery_beat to INSTALLED_APPS; ``DL_RUNS``: where tasks record their runs.
+(``{"name": {"task": ..., "every": seconds, "args": [...], "kwargs": {...}}}``);
+``DL_BEAT_APP``: add django_celery_beat to INSTALLED_APPS; ``DL_RUNS``: where tasks record their
+runs.
 """
 
 from __future__ import annotations
