@@ -259,6 +259,14 @@ class Reader:
         self.written: dict[str, str] = {}
         self.setup: list[str] = []
         self.servers: list[str] = []
+        self.shells: list[Shell] = []
+
+    def close(self) -> None:
+        """Stop what a failed check left running (a leader waiting for its ^C)."""
+        for shell in self.shells:
+            if shell.process.poll() is None:
+                shell.process.kill()
+                shell.process.wait()
 
     @property
     def project(self) -> Path:
@@ -315,6 +323,7 @@ class Reader:
             assert expected and expected[0] != INTERRUPT, f"{command!r}: what it prints first"
             shell = Shell(command, self.cwd, self.env)
             shells.append(shell)
+            self.shells.append(shell)
             shell.expect(expected[0])  # it is running: start the next shell
         for shell, (command, expected) in zip(shells, planned, strict=True):
             for line in expected[1:]:
@@ -592,7 +601,10 @@ def test_the_page_lists_the_files_it_creates() -> None:
 @pytest.mark.timeout(400)
 def test_the_tutorial_builds_a_new_project_that_runs_as_printed(tmp_path: Path) -> None:
     reader = Reader(tmp_path)
-    follow(reader)
+    try:
+        follow(reader)
+    finally:
+        reader.close()
     # The setup the suite's virtualenv stands in for installs the distribution this checkout is.
     name = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["name"]
     assert f"python -m pip install {name}" in reader.setup, reader.setup
