@@ -29,8 +29,8 @@ import logging
 import sys
 import threading
 import types
-from collections.abc import Callable
-from typing import Any, TypeVar, cast, overload
+from collections.abc import Callable, Coroutine
+from typing import Any, ParamSpec, Protocol, TypeVar, cast, overload
 
 from django_locks import durations, registry, signals
 from django_locks.context import running_under
@@ -42,6 +42,22 @@ from django_locks.lock import Lock, release_failed
 logger = logging.getLogger("django_locks")
 
 F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class JobDecorator(Protocol):
+    """What a called decorator (``@without_overlapping("key")``) is, for type checkers: the
+    decorated function keeps its parameters, and its result may be ``None`` (a skipped run)."""
+
+    @overload
+    def __call__(
+        self, target: Callable[P, Coroutine[Any, Any, R]], /
+    ) -> Callable[P, Coroutine[Any, Any, R | None]]: ...
+
+    @overload
+    def __call__(self, target: Callable[P, R], /) -> Callable[P, R | None]: ...
+
 
 OWNER_SUFFIX = ":owner"
 ELSEWHERE = "it runs on another instance"
@@ -119,7 +135,13 @@ class JobSpec:
 
 
 @overload
-def on_one_instance(key: F, /) -> F: ...
+def on_one_instance(
+    key: Callable[P, Coroutine[Any, Any, R]], /
+) -> Callable[P, Coroutine[Any, Any, R | None]]: ...
+
+
+@overload
+def on_one_instance(key: Callable[P, R], /) -> Callable[P, R | None]: ...
 
 
 @overload
@@ -128,7 +150,7 @@ def on_one_instance(
     *,
     ttl: Duration | None = None,
     min_hold: Duration | None = None,
-) -> Callable[[F], F]: ...
+) -> JobDecorator: ...
 
 
 def on_one_instance(
@@ -163,13 +185,17 @@ def on_one_instance(
 
 
 @overload
-def without_overlapping(key: F, /) -> F: ...
+def without_overlapping(
+    key: Callable[P, Coroutine[Any, Any, R]], /
+) -> Callable[P, Coroutine[Any, Any, R | None]]: ...
 
 
 @overload
-def without_overlapping(
-    key: str | None = None, *, ttl: Duration | None = None
-) -> Callable[[F], F]: ...
+def without_overlapping(key: Callable[P, R], /) -> Callable[P, R | None]: ...
+
+
+@overload
+def without_overlapping(key: str | None = None, *, ttl: Duration | None = None) -> JobDecorator: ...
 
 
 def without_overlapping(

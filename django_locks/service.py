@@ -258,7 +258,7 @@ class Locks:
         keeper = Keeper(
             store=self.store,
             clock=self.clock,
-            sender=type(self),
+            sender=Locks,  # the one documented sender of every signal, subclass or not
             key=key,
             owner=owner,
             fencing_token=token,

@@ -256,7 +256,9 @@ def test_the_same_function_decorated_again_is_not_a_duplicate() -> None:
 
 
 def test_async_jobs_hold_both_locks_and_skip() -> None:
-    value, lock = asyncio.run(async_job(4))
+    ran = asyncio.run(async_job(4))
+    assert ran is not None
+    value, lock = ran
     assert value == 4 and lock.key == "async:job"
     held = locks.acquire("async:job")
     assert held is not None
@@ -265,7 +267,7 @@ def test_async_jobs_hold_both_locks_and_skip() -> None:
 
 
 def test_threads_calling_a_sticky_job_share_the_lease() -> None:
-    results: list[int] = []
+    results: list[int | None] = []
     threads = [threading.Thread(target=lambda: results.append(nightly(1))) for _ in range(4)]
     nightly(0)
     for thread in threads:
