@@ -194,6 +194,7 @@ def test_a_failing_release_keeps_the_block_exception_and_result(caplog) -> None:
         store.failing.add("release")
         raise KeyError("mine")
     store.failing.clear()
+
     # A block that succeeded keeps its result: the failed release is logged (SPEC section 10).
     def body() -> int:
         store.failing.add("release")
