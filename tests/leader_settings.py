@@ -9,14 +9,16 @@ import os
 from tests.settings import *  # noqa: F403
 
 LOCKS = json.loads(os.environ["DJANGO_LOCKS_TEST_LOCKS"])
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {
-        "django_locks": {
-            "handlers": ["console"],
-            "level": os.environ.get("DJANGO_LOCKS_TEST_LOG_LEVEL", "WARNING"),
-        }
-    },
-}
+# DJANGO_LOCKS_TEST_LOG_LEVEL=NONE: no LOGGING at all, as in a project that never configured it.
+if os.environ.get("DJANGO_LOCKS_TEST_LOG_LEVEL") != "NONE":
+    LOGGING = {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "handlers": {"console": {"class": "logging.StreamHandler"}},
+        "loggers": {
+            "django_locks": {
+                "handlers": ["console"],
+                "level": os.environ.get("DJANGO_LOCKS_TEST_LOG_LEVEL", "WARNING"),
+            }
+        },
+    }

@@ -175,7 +175,7 @@ def test_sigkill_the_leader_another_leads_within_ttl_and_a_third(fleet) -> None:
 
 def test_sigstop_past_the_ttl_the_old_leader_learns_it_lost_by_deadline(fleet) -> None:
     ttl = 2.0
-    fleet(f"{ttl}s")
+    fleet(f"{ttl}s", log_level="NONE")  # no LOGGING: Python's last resort prints warnings
     eventually(lambda: len(accepted_writes()) > 10, timeout=60, what="the leader writes")
     leader = current_leader()
     stopped = time.monotonic()
@@ -193,6 +193,7 @@ def test_sigstop_past_the_ttl_the_old_leader_learns_it_lost_by_deadline(fleet) -
     )
     log = fleet.logs()[leader]
     assert "detected by deadline" in log
+    assert log.count("Lost the leadership of tests:fenced-writer") == 1, log  # not twice
     stale = [w for w in accepted_writes() if w.pid == leader and w.ended > resumed]
     assert stale == [], "a write of the paused leader was accepted after it resumed"
     late = LeaderWrite.objects.using("postgres").filter(

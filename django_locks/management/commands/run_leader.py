@@ -39,6 +39,11 @@ class Command(BaseCommand):
         keys: list[str] = options["keys"]
         elections = leader.discover()
         if options["list"]:
+            if not elections:
+                self.stderr.write(
+                    "No @leader_election is registered (elections are found in the 'leaders' "
+                    "module of each installed app)."
+                )
             for key, election in elections.items():
                 ttl = f"{election.ttl_ms / 1000:g}s" if election.ttl_ms else "default ttl"
                 self.stdout.write(f"{key}\t{election.name}\t{ttl}")
@@ -88,5 +93,11 @@ class Command(BaseCommand):
         the django_locks logger, and a project whose LOGGING sends that logger (at this level)
         somewhere would see it twice."""
         logger = logging.getLogger("django_locks")
-        if not (logger.isEnabledFor(level) and logger.hasHandlers()):
+        if not logger.isEnabledFor(level):
+            self.stdout.write(line)
+            return
+        # With no handler anywhere, Python's last resort prints warnings (on stderr) itself.
+        last_resort = logging.lastResort
+        shown = logger.hasHandlers() or (last_resort is not None and level >= last_resort.level)
+        if not shown:
             self.stdout.write(line)
