@@ -45,7 +45,7 @@ from django_locks.keys import render_key
 from django_locks.service import locks as default_locks
 from django_locks.stores import DatabaseStore, InMemoryStore
 from django_locks.stores.base import LockStore
-from django_locks.stores.database_connections import _Watchdog
+from django_locks.stores.runtime import Watchdog
 
 ROOT = Path(__file__).resolve().parent.parent
 MEMORY = "django_locks.stores.InMemoryStore"
@@ -335,7 +335,7 @@ class _Call:
 
 
 def test_a_deadline_past_timeout_max_does_not_kill_the_watchdog() -> None:
-    watchdog = _Watchdog()
+    watchdog = Watchdog()
     far, soon = _Call(), _Call()
     watchdog.watch(far, time.monotonic() + 10 * threading.TIMEOUT_MAX)  # type: ignore[arg-type]
     time.sleep(0.1)

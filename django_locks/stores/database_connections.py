@@ -5,7 +5,8 @@ request's transaction). It opens driver connections of its own from the alias's
 ``settings_dict``, through a private instance of the alias's backend (so psycopg 3, psycopg2,
 SQLite, their options and ``connection_created`` receivers all apply), in autocommit.
 
-A watchdog thread enforces every call's deadline; the thread doing the I/O never does. At the
+The stores' watchdog thread (``stores/runtime.py``) enforces every call's deadline; the thread
+doing the I/O never does. At the
 deadline it shuts the connection's socket down, which wakes the caller at once even when the
 server is unreachable, and sends the server a cancel request from a thread of its own so that no
 statement keeps running there; the connection is then discarded.
@@ -27,8 +28,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from django.db import connections
 from django.db.utils import Error as DjangoDatabaseError
 
-from django_locks.clock import ERROR_PAUSE, MAX_WAIT
 from django_locks.exceptions import OwnTransactionError, StoreError, StoreTimeoutError
+from django_locks.stores import runtime
+from django_locks.stores.runtime import watchdog
 
 if TYPE_CHECKING:
     from django_locks.stores.database import DatabaseStore
@@ -135,63 +137,6 @@ class StoreConnection:
             self.close()
 
 
-class _Watchdog:
-    """One thread per process that abandons the calls still running at their deadline."""
-
-    def __init__(self) -> None:
-        self.cond = threading.Condition(threading.Lock())
-        self.watched: set[StoreConnection] = set()
-        self.wake_at = math.inf
-        self.thread: threading.Thread | None = None
-
-    def watch(self, conn: StoreConnection, deadline: float) -> None:
-        with self.cond:
-            conn.deadline = deadline
-            self.watched.add(conn)
-            if self.thread is None:
-                self.thread = threading.Thread(
-                    target=self._run, name="django_locks-watchdog", daemon=True
-                )
-                self.thread.start()
-            if deadline < self.wake_at:  # otherwise the watchdog wakes up early enough
-                self.wake_at = deadline
-                self.cond.notify()
-
-    def unwatch(self, conn: StoreConnection) -> bool:
-        """Stop watching ``conn``; ``True`` when its call was abandoned."""
-        with self.cond:
-            self.watched.discard(conn)
-            return conn.fired
-
-    def _run(self) -> None:
-        # Nothing ends this loop: without it no store call of the process is ever abandoned.
-        while True:
-            try:
-                self._watch()
-            except BaseException:
-                logger.exception("django_locks watchdog: unexpected error (it goes on)")
-                time.sleep(ERROR_PAUSE)
-
-    def _watch(self) -> None:
-        with self.cond:
-            while True:
-                now = time.monotonic()
-                wake = math.inf
-                for conn in list(self.watched):
-                    if conn.deadline <= now:
-                        self.watched.discard(conn)
-                        try:
-                            conn.abandon()
-                        except Exception:
-                            logger.exception("django_locks watchdog: abandoning a call failed")
-                    else:
-                        wake = min(wake, conn.deadline)
-                self.wake_at = wake
-                # Capped: a deadline days away is waited for an hour at a time, never past
-                # threading.TIMEOUT_MAX.
-                self.cond.wait(min(wake - now, MAX_WAIT))
-
-
 class _ProcessState:
     """The connections one store opened in this process (a forked child starts afresh)."""
 
@@ -268,7 +213,7 @@ class Pools:
         write: bool,
         own: _OwnTransaction | None = None,
     ) -> T:
-        _watchdog().watch(conn, deadline)
+        watchdog().watch(conn, deadline)
         try:
             if conn.vendor == "postgresql":
                 if conn.cursor is None:
@@ -279,7 +224,7 @@ class Pools:
         except self.errors as exc:
             if own is not None and _sqlite_busy(exc) and not conn.fired:
                 raise own.refusal(self.using) from exc
-            if _watchdog().unwatch(conn):
+            if watchdog().unwatch(conn):
                 raise StoreTimeoutError(
                     f"The database {self.using!r} did not answer within {seconds:g}s; the call "
                     "was abandoned and its connection discarded."
@@ -288,7 +233,7 @@ class Pools:
                 f"The database {self.using!r} failed a lock store call: {exc}{self._hint(exc)}"
             ) from exc
         finally:
-            _watchdog().unwatch(conn)
+            watchdog().unwatch(conn)
 
     def _hint(self, exc: BaseException) -> str:
         """The fix, for the failures that have one: the store's table is not there yet."""
@@ -475,7 +420,7 @@ class Pools:
     def forget_after_fork(self) -> None:
         """In a forked child: drop the parent's connections without closing them (closing
         would end the parent's sessions); they stay referenced so the GC never closes them."""
-        _INHERITED.append(self.state)
+        runtime.keep_forever(self.state)
         self.state = _ProcessState()
 
     def _current_state(self) -> _ProcessState:
@@ -641,17 +586,9 @@ def _run_sqlite(
         cursor.close()
 
 
-# Per process: the watchdog, the stores (to forget their connections in a forked child), and the
-# inherited connections a child keeps referenced forever so that they are never closed.
-_WATCHDOG: list[_Watchdog] = []
+# Per process: the stores (to forget their connections in a forked child). The watchdog is the
+# stores' shared one (stores/runtime.py).
 _STORES: weakref.WeakSet[Pools] = weakref.WeakSet()
-_INHERITED: list[Any] = []
-
-
-def _watchdog() -> _Watchdog:
-    if not _WATCHDOG:
-        _WATCHDOG.append(_Watchdog())
-    return _WATCHDOG[0]
 
 
 def register(pools: Pools) -> None:
@@ -659,8 +596,6 @@ def register(pools: Pools) -> None:
 
 
 def _after_fork_in_child() -> None:
-    if _WATCHDOG:
-        _INHERITED.append(_WATCHDOG.pop())
     for pools in list(_STORES):
         pools.forget_after_fork()
 

@@ -1,0 +1,211 @@
+"""What every store shares: per-process state, one call-deadline mechanism, error translation.
+
+A custom store can use all three (``docs/howto/custom-store.rst``):
+
+* :class:`ProcessLocal` holds a value per process (connections, pools): made on first use, and
+  made afresh in a forked child, which never uses or closes the parent's (SPEC section 4).
+* :func:`deadline` bounds one call: the process's watchdog thread abandons a call still running
+  at its deadline (the call's ``abandon()`` shuts its socket down, cancels its statement), so the
+  deadline is never enforced by the thread doing the I/O (SPEC section 4).
+* :func:`translate` turns a driver's errors into ``StoreError`` (chained to the driver's error)
+  and an abandoned call into ``StoreTimeoutError``: errors are translated once per store and
+  never fail open.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, Protocol, TypeVar
+
+from django_locks.clock import ERROR_PAUSE, MAX_WAIT
+from django_locks.exceptions import StoreError, StoreTimeoutError
+
+logger = logging.getLogger("django_locks")
+
+T = TypeVar("T")
+
+
+class Call(Protocol):
+    """A store call the watchdog can abandon: what it runs on (a connection) says how."""
+
+    deadline: float
+    fired: bool
+    """Set by the watchdog just before :meth:`abandon`: the call was abandoned."""
+
+    def abandon(self) -> None:
+        """Make the call running on another thread end now (shut its socket down, cancel its
+        statement); called once, from the watchdog thread, at the deadline."""
+
+
+class Watchdog:
+    """One thread per process that abandons the calls still running at their deadline."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition(threading.Lock())
+        self.watched: set[Call] = set()
+        self.wake_at = math.inf
+        self.thread: threading.Thread | None = None
+
+    def watch(self, call: Call, deadline: float) -> None:
+        with self.cond:
+            call.deadline = deadline
+            call.fired = False
+            self.watched.add(call)
+            if self.thread is None:
+                self.thread = threading.Thread(
+                    target=self._run, name="django_locks-watchdog", daemon=True
+                )
+                self.thread.start()
+            if deadline < self.wake_at:  # otherwise the watchdog wakes up early enough
+                self.wake_at = deadline
+                self.cond.notify()
+
+    def unwatch(self, call: Call) -> bool:
+        """Stop watching ``call``; ``True`` when it was abandoned."""
+        with self.cond:
+            self.watched.discard(call)
+            return call.fired
+
+    def _run(self) -> None:
+        # Nothing ends this loop: without it no store call of the process is ever abandoned.
+        while True:
+            try:
+                self._watch()
+            except BaseException:
+                logger.exception("django_locks watchdog: unexpected error (it goes on)")
+                time.sleep(ERROR_PAUSE)
+
+    def _watch(self) -> None:
+        with self.cond:
+            while True:
+                now = time.monotonic()
+                wake = math.inf
+                for call in list(self.watched):
+                    if call.deadline <= now:
+                        self.watched.discard(call)
+                        call.fired = True
+                        try:
+                            call.abandon()
+                        except Exception:
+                            logger.exception("django_locks watchdog: abandoning a call failed")
+                    else:
+                        wake = min(wake, call.deadline)
+                self.wake_at = wake
+                # Capped: a deadline days away is waited for an hour at a time, never past
+                # threading.TIMEOUT_MAX.
+                self.cond.wait(min(wake - now, MAX_WAIT))
+
+
+class ProcessLocal(Generic[T]):
+    """A value of this process, made by ``factory()`` on first use and made afresh in a forked
+    child; the parent's value is handed to ``inherited(value)`` there (default: kept referenced
+    forever, so that nothing closes what the parent still uses) and never used again."""
+
+    def __init__(
+        self, factory: Callable[[], T], inherited: Callable[[T], None] | None = None
+    ) -> None:
+        self._factory = factory
+        self._inherited = inherited
+        self._value: T | None = None
+        self._pid = 0
+        self._lock = threading.Lock()
+        _PROCESS_LOCALS.add(self)
+
+    def get(self) -> T:
+        value = self._value
+        if value is not None and self._pid == os.getpid():
+            return value
+        with self._lock:
+            if self._value is None or self._pid != os.getpid():
+                self._value = self._factory()
+                self._pid = os.getpid()
+            return self._value
+
+    def peek(self) -> T | None:
+        """The value, if this process made one (no factory call)."""
+        return self._value if self._pid == os.getpid() else None
+
+    def _forget_in_child(self) -> None:
+        value, self._value = self._value, None
+        self._lock = threading.Lock()  # another thread may have held it at fork() time
+        if value is None:
+            return
+        if self._inherited is None:
+            keep_forever(value)
+        else:
+            try:
+                self._inherited(value)
+            except Exception:
+                logger.exception("django_locks: forgetting %r in a forked child failed", value)
+
+
+_PROCESS_LOCALS: weakref.WeakSet[ProcessLocal[Any]] = weakref.WeakSet()
+_INHERITED: list[object] = []
+"""What a forked child inherited and keeps referenced forever: never closed, never used."""
+
+
+def keep_forever(inherited: object) -> None:
+    """In a forked child: keep what the parent owned referenced forever, so that the garbage
+    collector never closes it (closing would end the parent's sessions)."""
+    _INHERITED.append(inherited)
+
+
+def _after_fork_in_child() -> None:
+    for local in list(_PROCESS_LOCALS):
+        local._forget_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+_WATCHDOG: ProcessLocal[Watchdog] = ProcessLocal(Watchdog)
+
+
+def watchdog() -> Watchdog:
+    """The watchdog of this process (started with the first call it watches)."""
+    return _WATCHDOG.get()
+
+
+@contextlib.contextmanager
+def deadline(call: Call, at: float) -> Iterator[None]:
+    """Bound the block (one store call running on ``call``) by ``at`` (``time.monotonic()``):
+    the watchdog abandons it there. Read ``call.fired`` after an error to tell a timeout."""
+    dog = watchdog()
+    dog.watch(call, at)
+    try:
+        yield
+    finally:
+        dog.unwatch(call)
+
+
+@contextlib.contextmanager
+def translate(
+    what: str,
+    errors: tuple[type[BaseException], ...],
+    *,
+    call: Call | None = None,
+    timeout: float | None = None,
+    hint: Callable[[BaseException], str] = lambda exc: "",
+) -> Iterator[None]:
+    """Turn ``errors`` raised in the block into ``StoreError`` chained to them, naming ``what``
+    (the store as people read it, ``"the database 'default'"``) and ending with ``hint(exc)``
+    (the fix, where there is one); into ``StoreTimeoutError`` when ``call`` was abandoned at its
+    deadline. Never into "not acquired" (STYLE: never fail open)."""
+    try:
+        yield
+    except errors as exc:
+        if call is not None and call.fired:
+            after = "" if timeout is None else f" within {timeout:g}s"
+            raise StoreTimeoutError(
+                f"{what[:1].upper()}{what[1:]} did not answer{after}; the call was abandoned "
+                "and its connection discarded."
+            ) from exc
+        raise StoreError(
+            f"{what[:1].upper()}{what[1:]} failed a lock store call: {exc}{hint(exc)}"
+        ) from exc
