@@ -88,9 +88,39 @@ class LockStore:
     # Optional capabilities. A store without one leaves the method raising NotImplementedError;
     # LockStoreContract skips the matching cases with a reason.
 
+    keeps_ended_leases: bool = False
+    """Whether the store keeps the records of released and expired leases (one row per key, as
+    the database store does) for :meth:`prune` to delete. ``manage.py locks prune`` says there is
+    nothing to prune in a store that keeps none."""
+
     def leases(self, *, include_inactive: bool = False) -> list[LeaseInfo]:
         """List leases, held ones first then by key; with ``include_inactive`` also expired and
         released ones, where the store keeps them."""
+        raise NotImplementedError
+
+    def lease(self, key: str, *, include_inactive: bool = False) -> LeaseInfo | None:
+        """The lease on ``key`` as :meth:`leases` would list it, or ``None`` when there is none:
+        its live lease, or with ``include_inactive`` also an expired or released one where the
+        store keeps it. For the admin, ``locks release`` and the decorators' "held by" lines,
+        which describe one key: a store answers it in one round trip, never by listing every
+        lease. This default looks the key up in :meth:`leases` (so a store that can only list
+        still describes a key); raises ``NotImplementedError`` when the store cannot list.
+        """
+        for info in self.leases(include_inactive=include_inactive):
+            if info.key == key:
+                return info
+        return None
+
+    def prune(self, older_than_ms: int, *, dry_run: bool = False) -> int:
+        """Delete the records of leases that ended (released or expired) more than
+        ``older_than_ms`` milliseconds ago on the store's clock; never a live lease. No key's
+        fencing token goes back: a key acquired again after its record was pruned still gets a
+        token greater than every token it ever had. Returns how many records were deleted (with
+        ``dry_run``: would be, deleting none). A store that keeps no ended leases returns 0.
+        ``older_than_ms`` is an ``int`` of milliseconds, 0 or more (0: every ended lease); any
+        other value raises ``TypeError`` / ``ValueError`` before any I/O
+        (:func:`check_older_than`).
+        """
         raise NotImplementedError
 
     def clear(self) -> None:
@@ -166,3 +196,12 @@ def holder_name() -> str:
     if _HOLDER[0] != pid:
         _HOLDER = (pid, f"{socket.gethostname()}:{pid}")
     return _HOLDER[1]
+
+
+def check_older_than(older_than_ms: object) -> int:
+    """``older_than_ms`` of :meth:`LockStore.prune`, checked: an ``int`` of 0 or more."""
+    if isinstance(older_than_ms, bool) or not isinstance(older_than_ms, int):
+        raise TypeError(f"`older_than_ms` must be an int of milliseconds, got {older_than_ms!r}")
+    if older_than_ms < 0:
+        raise ValueError(f"`older_than_ms` must be 0 or more, got {older_than_ms!r}")
+    return older_than_ms
