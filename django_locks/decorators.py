@@ -20,26 +20,45 @@ Where ``on_one_instance`` is enforced depends on who calls (SPEC section 5):
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import functools
-import importlib
 import inspect
-import logging
 import sys
-import threading
 import types
 from collections.abc import Callable, Coroutine
 from typing import Any, ParamSpec, Protocol, TypeVar, cast, overload
 
-from django_locks import durations, registry, signals
-from django_locks.context import running_under
+from django_locks import durations
 from django_locks.durations import Duration
-from django_locks.exceptions import LocksError, StoreError
-from django_locks.keys import check_template, render_key, template_fields, validate_key
-from django_locks.lock import Lock, release_failed
+from django_locks.job import ATTRIBUTE, OWNER_SUFFIX, JobSpec, OnceSpec, RunSpec, job_spec
+from django_locks.keys import check_template, template_fields, validate_key
+from django_locks.ownership import release_owner_leases
+from django_locks.run import (
+    ELSEWHERE,
+    IN_PROGRESS,
+    arun_function,
+    holder_text,
+    run_command,
+    run_function,
+    set_task_name_hook,
+    skipped,
+)
 
-logger = logging.getLogger("django_locks")
+# The names users and the other modules import from here; each lives in its concept's module.
+__all__ = [
+    "ELSEWHERE",
+    "IN_PROGRESS",
+    "OWNER_SUFFIX",
+    "JobDecorator",
+    "JobSpec",
+    "holder_text",
+    "job_spec",
+    "on_one_instance",
+    "release_owner_leases",
+    "set_task_name_hook",
+    "skipped",
+    "without_overlapping",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 P = ParamSpec("P")
@@ -57,81 +76,6 @@ class JobDecorator(Protocol):
 
     @overload
     def __call__(self, target: Callable[P, R], /) -> Callable[P, R | None]: ...
-
-
-OWNER_SUFFIX = ":owner"
-ELSEWHERE = "it runs on another instance"
-"""The ``reason`` of ``run_skipped`` when another process owns the job."""
-IN_PROGRESS = "a run is still in progress"
-"""The ``reason`` of ``run_skipped`` when the run lock is held."""
-
-ATTRIBUTE = "__django_locks__"
-"""The attribute of a decorated function holding its :class:`JobSpec`."""
-
-
-@dataclasses.dataclass(frozen=True)
-class OnceSpec:
-    """What ``on_one_instance`` was given."""
-
-    key: str | None
-    ttl_ms: int | None
-    min_hold_ms: int | None
-
-
-@dataclasses.dataclass(frozen=True)
-class RunSpec:
-    """What ``without_overlapping`` was given."""
-
-    key: str | None
-    ttl_ms: int | None
-
-
-@dataclasses.dataclass
-class JobSpec:
-    """A decorated job: the original function and the decorators applied to it.
-
-    ``default_key`` is ``module.function`` (Celery's default task name) or the command's name; a
-    Celery task named otherwise uses its task name (``django_locks.contrib.celery`` passes it).
-    """
-
-    func: Callable[..., Any]
-    name: str
-    default_key: str
-    is_command: bool
-    is_async: bool
-    once: OnceSpec | None = None
-    run: RunSpec | None = None
-
-    def owner_template(self, default: str | None = None) -> str:
-        """The key template of the owner lease (without ``:owner``)."""
-        assert self.once is not None
-        return self.once.key or (self.run and self.run.key) or default or self.default_key
-
-    def run_template(self, default: str | None = None) -> str:
-        assert self.run is not None
-        return self.run.key or (self.once and self.once.key) or default or self.default_key
-
-    def owner_key(self, args: tuple[Any, ...], kwargs: dict[str, Any], default: str | None) -> str:
-        """The owner lease key of one call (``<key>:owner``)."""
-        key = render_key(self.owner_template(default), self.func, args, kwargs)
-        return validate_key(key, suffix=OWNER_SUFFIX)
-
-    def run_key(self, args: tuple[Any, ...], kwargs: dict[str, Any], default: str | None) -> str:
-        """The run lock key of one call."""
-        return validate_key(render_key(self.run_template(default), self.func, args, kwargs))
-
-    def claim(self, default: str | None = None) -> None:
-        """Claim this job's keys in the registry (refusing another job's), forgetting old ones."""
-        job = registry.job_for(self.func, kind="job", key=self.default_key)
-        registry.unclaim(job)
-        names: list[str] = []
-        if self.once is not None:
-            key = self.owner_template(default)
-            names += [key, key + OWNER_SUFFIX]
-        if self.run is not None:
-            names.append(self.run_template(default))
-        job = registry.job_for(self.func, kind="job", key=names[0])
-        registry.claim(job, *dict.fromkeys(names))
 
 
 @overload
@@ -219,19 +163,6 @@ def without_overlapping(
     return decorate
 
 
-def job_spec(func: object) -> JobSpec | None:
-    """The :class:`JobSpec` of a decorated function (looking through ``__wrapped__``), or None."""
-    seen = 0
-    while func is not None and seen < 100:
-        func = getattr(func, "__func__", func)
-        spec = getattr(func, ATTRIBUTE, None)
-        if isinstance(spec, JobSpec):
-            return spec
-        func = getattr(func, "__wrapped__", None)
-        seen += 1
-    return None
-
-
 def _check_key_argument(key: object, *, suffix: str = "") -> None:
     if key is None:
         return
@@ -293,297 +224,22 @@ def _build(spec: JobSpec) -> Callable[..., Any]:
 
         @functools.wraps(func)
         def command_wrapper(*args: Any, **kwargs: Any) -> Any:
-            return _run_command(spec, args, kwargs)
+            return run_command(spec, args, kwargs)
 
         wrapper: Callable[..., Any] = command_wrapper
     elif spec.is_async:
 
         @functools.wraps(func)
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-            return await _arun(spec, async_wrapper, args, kwargs)
+            return await arun_function(spec, async_wrapper, args, kwargs)
 
         wrapper = async_wrapper
     else:
 
         @functools.wraps(func)
         def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
-            return _run(spec, sync_wrapper, args, kwargs)
+            return run_function(spec, sync_wrapper, args, kwargs)
 
         wrapper = sync_wrapper
     setattr(wrapper, ATTRIBUTE, spec)
     return wrapper
-
-
-# Who is calling: a Celery task being run (by a worker, a direct call, .delay() made eager)?
-
-TaskNameHook = Callable[[Callable[..., Any]], "str | None"]
-_task_name_hook: TaskNameHook | None = None
-
-
-def set_task_name_hook(hook: TaskNameHook) -> None:
-    """``django_locks.contrib.celery`` tells which wrapper runs as the current Celery task."""
-    global _task_name_hook
-    _task_name_hook = hook
-
-
-def _task_name(wrapper: Callable[..., Any]) -> str | None:
-    """The Celery task name when ``wrapper`` runs as the current task's body, else None."""
-    if _task_name_hook is None and "celery" in sys.modules:
-        importlib.import_module("django_locks.contrib.celery")
-    return _task_name_hook(wrapper) if _task_name_hook is not None else None
-
-
-def _locks() -> Any:
-    from django_locks.service import locks
-
-    return locks
-
-
-def _seconds(ms: int | None) -> float | None:
-    return None if ms is None else ms / 1000
-
-
-# Sticky owner leases of plain functions in this process.
-
-_sticky: dict[str, Lock] = {}
-_sticky_mutex = threading.Lock()
-_atexit_registered = False
-
-
-def _owned(key: str) -> Lock | None:
-    """The sticky lease on ``key`` if this process still holds it: no store call."""
-    lock = _sticky.get(key)
-    return lock if lock is not None and lock.held else None
-
-
-def _keep(spec: JobSpec, key: str, lock: Lock) -> None:
-    global _atexit_registered
-    with _sticky_mutex:
-        _sticky[key] = lock
-        if not _atexit_registered:
-            atexit.register(release_owner_leases)
-            _atexit_registered = True
-    _log_owner(spec.name, lock)
-
-
-def release_owner_leases() -> None:
-    """Hand back every sticky owner lease this process holds (at exit, or in tests)."""
-    with _sticky_mutex:
-        held = list(_sticky.values())
-        _sticky.clear()
-    for lock in held:
-        try:
-            lock.release()
-        except LocksError as exc:
-            logger.warning("Handing back %r failed (%s); it lapses at its ttl", lock.key, exc)
-
-
-def _log_owner(name: str, lock: Lock) -> None:
-    logger.info(
-        "%s runs on this instance (lease %r, fencing token %s)",
-        name,
-        lock.key,
-        lock.fencing_token,
-    )
-
-
-def skipped(name: str, key: str, reason: str, *, level: int = logging.INFO) -> None:
-    """Log a skipped run and send ``run_skipped``."""
-    from django_locks.service import Locks
-
-    logger.log(level, "Skipped %s: %s", name, reason)
-    signals.send(signals.run_skipped, Locks, key=key, reason=reason)
-
-
-def _link(owner: Lock | None, run: Lock) -> Callable[[], None]:
-    """Abort the run lock's signal when the owner lease is lost; return the unlinking call."""
-    if owner is None:
-        return lambda: None
-
-    def propagate(signal: Any) -> None:
-        run.signal.abort(signal.reason)
-
-    owner.signal.add_callback(propagate)
-    return lambda: owner.signal.remove_callback(propagate)
-
-
-def _release(lock: Lock) -> None:
-    """Release a run's lock: a store failure is logged, never raised over the run's result or
-    exception (the lease lapses at its ttl)."""
-    try:
-        lock.release()
-    except StoreError as error:
-        release_failed(lock, error)
-
-
-async def _arelease(lock: Lock) -> None:
-    """:func:`_release` for async runs: it completes whatever the cancellation, so that the
-    next run finds the key free (see ``Lock.arelease``)."""
-    try:
-        await lock.arelease()
-    except StoreError as error:
-        release_failed(lock, error)
-
-
-def _run(
-    spec: JobSpec, wrapper: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Any:
-    task = _task_name(wrapper)
-    locks = _locks()
-    owner: Lock | None = None
-    if spec.once is not None and task is None:
-        key = spec.owner_key(args, kwargs, None)
-        owner = _owned(key)
-        if owner is None:
-            owner = locks.acquire(key, ttl=_seconds(spec.once.ttl_ms))
-            if owner is None:
-                skipped(spec.name, key, ELSEWHERE, level=logging.DEBUG)
-                return None
-            _keep(spec, key, owner)
-    if spec.run is None:
-        if owner is None:
-            return spec.func(*args, **kwargs)
-        with running_under(owner):
-            return spec.func(*args, **kwargs)
-    run_key = spec.run_key(args, kwargs, task)
-    lock = locks.acquire(run_key, ttl=_seconds(spec.run.ttl_ms))
-    if lock is None:
-        skipped(task or spec.name, run_key, IN_PROGRESS)
-        return None
-    unlink = _link(owner, lock)
-    try:
-        with running_under(lock):
-            return spec.func(*args, **kwargs)
-    finally:
-        unlink()
-        _release(lock)
-
-
-async def _arun(
-    spec: JobSpec, wrapper: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Any:
-    task = _task_name(wrapper)
-    locks = _locks()
-    owner: Lock | None = None
-    if spec.once is not None and task is None:
-        key = spec.owner_key(args, kwargs, None)
-        owner = _owned(key)
-        if owner is None:
-            owner = await locks.aacquire(key, ttl=_seconds(spec.once.ttl_ms))
-            if owner is None:
-                skipped(spec.name, key, ELSEWHERE, level=logging.DEBUG)
-                return None
-            _keep(spec, key, owner)
-    if spec.run is None:
-        if owner is None:
-            return await spec.func(*args, **kwargs)
-        with running_under(owner):
-            return await spec.func(*args, **kwargs)
-    run_key = spec.run_key(args, kwargs, task)
-    lock = await locks.aacquire(run_key, ttl=_seconds(spec.run.ttl_ms))
-    if lock is None:
-        skipped(task or spec.name, run_key, IN_PROGRESS)
-        return None
-    unlink = _link(owner, lock)
-    try:
-        with running_under(lock):
-            return await spec.func(*args, **kwargs)
-    finally:
-        unlink()
-        await _arelease(lock)
-
-
-# Management commands: short-lived runs, one per cron tick on every host.
-
-
-def _run_command(spec: JobSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    from django_locks import conf
-
-    command = args[0] if args else None
-    locks = _locks()
-    started = locks.clock.monotonic()
-    owner: Lock | None = None
-    if spec.once is not None:
-        key = spec.owner_key(args, kwargs, None)
-        owner = locks.acquire(key, ttl=_seconds(spec.once.ttl_ms))
-        if owner is None:
-            _command_skipped(spec, command, key, ELSEWHERE, "its hold ends")
-            return None
-        _log_owner(spec.name, owner)
-    try:
-        lock: Lock | None = None
-        if spec.run is not None:
-            run_key = spec.run_key(args, kwargs, None)
-            lock = locks.acquire(run_key, ttl=_seconds(spec.run.ttl_ms))
-            if lock is None:
-                _command_skipped(spec, command, run_key, IN_PROGRESS, "its lease expires")
-                if owner is not None:
-                    owner.release()
-                return None
-        unlink = _link(owner, lock) if lock is not None else (lambda: None)
-        try:
-            with running_under(lock or cast(Lock, owner)):
-                result = spec.func(*args, **kwargs)
-        finally:
-            unlink()
-            if lock is not None:
-                _release(lock)
-    except BaseException:
-        # A run that raises releases at once: the next tick, anywhere, may try again.
-        if owner is not None:
-            _release(owner)
-        raise
-    if owner is not None:
-        assert spec.once is not None
-        min_hold_ms = spec.once.min_hold_ms
-        if min_hold_ms is None:
-            min_hold_ms = conf.get().min_hold_ms
-        remaining_ms = int(min_hold_ms - (locks.clock.monotonic() - started) * 1000)
-        if remaining_ms > 0:
-            _hold_and_leave(owner, remaining_ms)
-        else:
-            owner.release()
-    return result
-
-
-def _hold_and_leave(lock: Lock, remaining_ms: int) -> None:
-    """Leave ``lock``'s lease in the store for ``remaining_ms`` more, then let it lapse.
-
-    The process is about to exit: renewals stop first (without I/O), then ONE renewal moves the
-    store's expiry to the end of ``min_hold``, so the lease outlives the process without anybody
-    renewing it.
-    """
-    try:
-        lock.leave_for(remaining_ms / 1000)
-    except StoreError as exc:
-        logger.warning("Keeping %r for min_hold failed (%s); it lapses at its ttl", lock.key, exc)
-
-
-def _command_skipped(spec: JobSpec, command: Any, key: str, reason: str, ends: str) -> None:
-    """One line on the command's stderr naming the holder and when its hold ends; exit 0."""
-    line = f"Skipped {spec.name}: {reason} ({holder_text(key, ends)})."
-    stderr = getattr(command, "stderr", None)
-    if stderr is not None:
-        stderr.write(line)
-    else:
-        print(line, file=sys.stderr)
-    skipped(spec.name, key, reason, level=logging.DEBUG)
-
-
-def holder_text(key: str, ends: str = "its hold ends") -> str:
-    """ "held by host:pid, its hold ends in 27s (12:03:05 UTC)", from the store's listing."""
-    import datetime
-
-    try:
-        leases = _locks().store.leases()
-    except (NotImplementedError, LocksError):
-        return "held by another instance"
-    for lease in leases:
-        if lease.key == key and lease.state == "held":
-            text = f"held by {lease.holder}"
-            if lease.expires_in is not None:
-                seconds = max(lease.expires_in.total_seconds(), 0.0)
-                at = datetime.datetime.now(datetime.UTC) + lease.expires_in
-                text += f", {ends} in {seconds:.0f}s ({at:%Y-%m-%d %H:%M:%S} UTC)"
-            return text
-    return "held by another instance, which just let it go"

@@ -36,11 +36,12 @@ from celery._state import _get_active_apps, connect_on_app_finalize, get_current
 from celery.app.task import Task
 from celery.local import Proxy
 
-from django_locks import decorators, signals
-from django_locks.decorators import ELSEWHERE, OWNER_SUFFIX, JobSpec, job_spec
+from django_locks import signals
 from django_locks.exceptions import LocksError
+from django_locks.job import OWNER_SUFFIX, JobSpec, job_spec
 from django_locks.keys import MAX_KEY_LENGTH
 from django_locks.lock import Lock
+from django_locks.run import ELSEWHERE, set_task_name_hook, skipped
 from django_locks.service import Locks
 
 logger = logging.getLogger("django_locks")
@@ -98,7 +99,7 @@ def _current_task_name(wrapper: Callable[..., Any]) -> str | None:
     return None
 
 
-decorators.set_task_name_hook(_current_task_name)
+set_task_name_hook(_current_task_name)
 
 
 def task_spec(task: Any) -> JobSpec | None:
@@ -362,7 +363,7 @@ class BeatGuard:
                     return None
                 lock = self.owner_lease(key, spec)
                 if lock is None:
-                    decorators.skipped(entry.task, key, ELSEWHERE, level=logging.DEBUG)
+                    skipped(entry.task, key, ELSEWHERE, level=logging.DEBUG)
                     self.refused.pop(name, None)
                     return None
                 headers = {HEADER_KEY: key, HEADER_TOKEN: lock.fencing_token}
