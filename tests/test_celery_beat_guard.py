@@ -17,13 +17,8 @@ from celery import Celery
 from celery.local import Proxy
 
 from django_locks import on_one_instance
-from django_locks.contrib.celery import (
-    HANDBACK_GRACE,
-    HEADER_KEY,
-    REFUSAL_REPEAT,
-    BeatGuard,
-    _publishing,
-)
+from django_locks.contrib.celery import HANDBACK_GRACE, HEADER_KEY, REFUSAL_REPEAT, BeatGuard
+from django_locks.contrib.celery_beat import _publishing
 from tests.helpers import eventually
 
 app = Celery("beat-guard-tests", set_as_current=False)

@@ -17,17 +17,15 @@ django-celery-beat's ``DatabaseScheduler``, a custom one): nothing in the user's
 
 Workers never take owner leases: ``without_overlapping`` is enforced by the decorator's wrapper
 around the run, wherever the task runs.
+
+Here: the signals connected, the decorators' seam (tasks decorated, the running task named), the
+worker's side. Beat's side, ``BeatGuard``, is in ``django_locks.contrib.celery_beat``.
 """
 
 from __future__ import annotations
 
-import contextvars
-import datetime
 import logging
-import os
-import socket
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -36,36 +34,37 @@ from celery._state import _get_active_apps, connect_on_app_finalize, get_current
 from celery.app.task import Task
 from celery.local import Proxy
 
-from django_locks import signals
-from django_locks.exceptions import LocksError
-from django_locks.job import OWNER_SUFFIX, JobSpec, job_spec
-from django_locks.keys import MAX_KEY_LENGTH
-from django_locks.lock import Lock
-from django_locks.run import ELSEWHERE, set_task_name_hook, skipped
-from django_locks.service import Locks
+from django_locks.contrib.celery_beat import (
+    HANDBACK_GRACE,
+    HEADER_BEAT,
+    HEADER_KEY,
+    HEADER_SCHEDULED,
+    HEADER_TOKEN,
+    REFUSAL_REPEAT,
+    BeatGuard,
+    add_headers,
+    on_beat_init,
+    task_spec,
+)
+from django_locks.run import set_task_name_hook
+
+# BeatGuard and the header names are imported from here too; they live in celery_beat.py.
+__all__ = [
+    "HANDBACK_GRACE",
+    "HEADER_BEAT",
+    "HEADER_KEY",
+    "HEADER_SCHEDULED",
+    "HEADER_TOKEN",
+    "REFUSAL_REPEAT",
+    "BeatGuard",
+    "decorate_task",
+    "install",
+    "is_task",
+    "task_spec",
+]
 
 logger = logging.getLogger("django_locks")
 
-HEADER_KEY = "django_locks_key"
-"""The owner lease (or leader lease) under which beat published the message."""
-HEADER_TOKEN = "django_locks_token"
-"""That lease's fencing token."""
-HEADER_SCHEDULED = "django_locks_scheduled"
-"""When beat published the tick (ISO 8601, UTC)."""
-HEADER_BEAT = "django_locks_beat"
-"""The beat process that published it, ``host:pid``."""
-
-HANDBACK_GRACE = 1.0
-"""Seconds a stopping beat keeps a lease after it last published under it. Every beat wakes for
-the same crontab tick within a few milliseconds of the others: a lease handed back at once, right
-after publishing, lets a beat waking a moment later publish that same tick again."""
-
-REFUSAL_REPEAT = 600
-"""Seconds between two ERROR lines about one beat entry refused with the same error."""
-
-_publishing: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
-    "django_locks_beat_headers", default=None
-)
 _install_mutex = threading.Lock()
 _installed = False
 
@@ -77,9 +76,9 @@ def install() -> None:
         if _installed:
             return
         _installed = True
-    celery_signals.beat_init.connect(_on_beat_init, weak=False, dispatch_uid="django_locks.beat")
+    celery_signals.beat_init.connect(on_beat_init, weak=False, dispatch_uid="django_locks.beat")
     celery_signals.before_task_publish.connect(
-        _add_headers, weak=False, dispatch_uid="django_locks.headers"
+        add_headers, weak=False, dispatch_uid="django_locks.headers"
     )
     celery_signals.task_prerun.connect(
         _on_task_prerun, weak=False, dispatch_uid="django_locks.prerun"
@@ -100,11 +99,6 @@ def _current_task_name(wrapper: Callable[..., Any]) -> str | None:
 
 
 set_task_name_hook(_current_task_name)
-
-
-def task_spec(task: Any) -> JobSpec | None:
-    """The :class:`JobSpec` of a Celery task's body, or None when it is not decorated."""
-    return job_spec(getattr(task, "run", None))
 
 
 # The decorators applied above @shared_task / @app.task: patch the task's body once it exists.
@@ -158,332 +152,6 @@ def _patch_pending(app: Any) -> None:
             logger.warning("Cannot decorate Celery task %r: its class has no run()", task.name)
             continue
         _patched.add((id(cls), id(decorate)))
-
-
-# Beat.
-
-
-def _on_beat_init(sender: Any, **kwargs: Any) -> None:
-    """``beat_init``: wrap the scheduler instance, report what beat cannot see."""
-    scheduler = sender.scheduler
-    if getattr(scheduler, "_django_locks_guard", None) is not None:
-        return
-    guard = BeatGuard(scheduler)
-    scheduler._django_locks_guard = guard
-    # The guard is in place: whatever fails below, each entry is still decided at its tick.
-    guard.report()
-    if guard.leader_mode:
-        try:
-            guard.lead()
-        except Exception:
-            logger.exception(
-                "This beat (%s) could not campaign for %r at start; it campaigns again at the "
-                "next due entry",
-                guard.holder,
-                guard.leader_key,
-            )
-
-
-def _entry_name(entry: Any) -> str:
-    """A beat entry's name (its task's when it has none)."""
-    return str(getattr(entry, "name", None) or getattr(entry, "task", None) or entry)
-
-
-class BeatGuard:
-    """The leases one beat holds, and the wrappers of its scheduler's ``apply_entry``/``close``."""
-
-    def __init__(self, scheduler: Any) -> None:
-        from django_locks import conf
-
-        self.scheduler = scheduler
-        self.app = scheduler.app
-        self.leader_mode = conf.get().celery_beat_leader
-        self.leader_key = f"celery-beat:{self.app.main or 'celery'}"
-        self.leader: Lock | None = None
-        self.owned: dict[str, Lock] = {}
-        self.published: dict[str, float] = {}  # lease key -> when this beat last published
-        self.refused: dict[str, tuple[str, float]] = {}  # entry -> (its error, when logged)
-        self.now: Callable[[], float] = time.monotonic  # when refusals were logged
-        self.mutex = threading.Lock()
-        self.holder = f"{socket.gethostname()}:{os.getpid()}"
-        self._apply_entry = scheduler.apply_entry
-        self._close = scheduler.close
-        scheduler.apply_entry = self.apply_entry
-        scheduler.close = self.close
-
-    @property
-    def locks(self) -> Any:
-        from django_locks.service import locks
-
-        return locks
-
-    def report(self) -> None:
-        """Log, at beat start, the entries beat enforces and those it cannot see."""
-        try:
-            entries = dict(self.scheduler.schedule)
-        except Exception:
-            logger.exception("django_locks could not read the beat schedule")
-            return
-        for name, entry in sorted(entries.items()):
-            try:
-                self.report_entry(name, entry)
-            except Exception:
-                # One entry that cannot be looked at says so; the others are still reported.
-                logger.exception(
-                    "django_locks could not look at beat entry %r; it is decided at each tick "
-                    "(and refused, with the reason, while that fails)",
-                    name,
-                )
-        if self.leader_mode:
-            logger.info(
-                "CELERY_BEAT_LEADER: this beat (%s) publishes only while it leads %r",
-                self.holder,
-                self.leader_key,
-            )
-
-    def report_entry(self, name: str, entry: Any) -> None:
-        """Log, at beat start, whether beat enforces one entry or cannot see its task."""
-        task = self.app.tasks.get(entry.task)
-        if task is None:
-            if entry.task.startswith("celery."):
-                return
-            logger.warning(
-                "Beat entry %r names task %r, which this beat process has not imported: "
-                "django_locks cannot see whether it is decorated with on_one_instance, so "
-                "every beat replica publishes it. Make beat import the task's module "
-                "(app.autodiscover_tasks() or the imports setting).",
-                name,
-                entry.task,
-            )
-            return
-        spec = task_spec(task)
-        if spec is not None and spec.default_key != task.name:
-            # Its default key is the task's name: claim it (refusing another job's).
-            spec.claim(default=task.name)
-        if spec is not None and spec.once is not None:
-            logger.info(
-                "Beat entry %r: task %r is published by the beat holding %r",
-                name,
-                entry.task,
-                spec.owner_template(task.name) + OWNER_SUFFIX,
-            )
-
-    def lead(self) -> bool:
-        """Whether this beat leads; campaign (one store call) when it does not."""
-        leader = self.leader
-        if leader is not None and leader.held:
-            return True
-        if leader is not None:
-            self.leader = None
-            logger.warning(
-                "This beat (%s) lost the lead of %r (fencing token %s): it stops publishing and "
-                "campaigns again",
-                self.holder,
-                self.leader_key,
-                leader.fencing_token,
-            )
-            signals.send(
-                signals.leadership_lost,
-                Locks,
-                key=self.leader_key,
-                fencing_token=leader.fencing_token,
-                reason="lost",
-            )
-        lock = self.locks.acquire(self.leader_key)
-        if lock is None:
-            return False
-        self.leader = lock
-        logger.info(
-            "This beat (%s) leads %r: it publishes every entry (fencing token %s)",
-            self.holder,
-            self.leader_key,
-            lock.fencing_token,
-        )
-        signals.send(
-            signals.leadership_acquired,
-            Locks,
-            key=self.leader_key,
-            fencing_token=lock.fencing_token,
-            lock=lock,
-        )
-        return True
-
-    def owner_lease(self, key: str, spec: JobSpec) -> Lock | None:
-        """This beat's owner lease on ``key``: kept (no store call) or taken, else None."""
-        lock = self.owned.get(key)
-        if lock is not None and lock.held:
-            return lock
-        assert spec.once is not None
-        ttl = None if spec.once.ttl_ms is None else spec.once.ttl_ms / 1000
-        lock = self.locks.acquire(key, ttl=ttl)
-        if not isinstance(lock, Lock):
-            return None
-        with self.mutex:
-            self.owned[key] = lock
-        logger.info(
-            "%s runs on this instance (lease %r, fencing token %s)",
-            spec.name if spec.once.key else key[: -len(OWNER_SUFFIX)],
-            key,
-            lock.fencing_token,
-        )
-        return lock
-
-    def apply_entry(self, entry: Any, producer: Any = None) -> Any:
-        """Publish ``entry`` only where it is this beat's to publish, with our headers.
-
-        Nothing one entry holds can stop beat: an entry whose owner lease key cannot be rendered,
-        whose task cannot be looked at, or that fails in any other way before it is published is
-        refused on its own (not published this tick, see :meth:`refuse`); a store that does not
-        answer refuses the entry too (never fail open). Every other entry goes on.
-        """
-        name = _entry_name(entry)
-        headers: dict[str, Any] = {}
-        try:
-            if self.leader_mode:
-                if not self.lead():
-                    logger.debug("Skipped %s: this beat is on standby", entry.task)
-                    return None
-                headers = {HEADER_KEY: self.leader_key, HEADER_TOKEN: self.leader_token()}
-            task = self.app.tasks.get(entry.task)
-            spec = task_spec(task) if task is not None else None
-            if spec is not None and spec.once is not None:
-                try:
-                    key = self.entry_key(task, spec, entry)
-                except Exception as exc:
-                    self.refuse(
-                        name,
-                        entry,
-                        exc,
-                        f"its arguments render no valid on_one_instance key "
-                        f"(template {spec.owner_template(task.name)!r})",
-                        "give the entry arguments that fit the task and render a key of 1 to "
-                        f"{MAX_KEY_LENGTH} characters with ':owner' appended, or change the key "
-                        "template (a long argument can be hashed into a shorter one)",
-                    )
-                    return None
-                lock = self.owner_lease(key, spec)
-                if lock is None:
-                    skipped(entry.task, key, ELSEWHERE, level=logging.DEBUG)
-                    self.refused.pop(name, None)
-                    return None
-                headers = {HEADER_KEY: key, HEADER_TOKEN: lock.fencing_token}
-        except LocksError as exc:
-            # Never fail open: without an answer from the store this beat does not publish.
-            logger.error("Not publishing %s: the lock store failed (%s)", entry.task, exc)
-            return None
-        except Exception as exc:
-            self.refuse(
-                name,
-                entry,
-                exc,
-                "django_locks could not tell whether this beat may publish it",
-                "make sure beat can import the task's module and that the entry's task and "
-                "arguments fit the task (the traceback says where it failed)",
-                traceback=True,
-            )
-            return None
-        if self.refused.pop(name, None) is not None:
-            logger.info("Beat entry %r (task %r) is published again", name, entry.task)
-        headers[HEADER_SCHEDULED] = datetime.datetime.now(datetime.UTC).isoformat()
-        headers[HEADER_BEAT] = self.holder
-        reset = _publishing.set(headers)
-        try:
-            return self._apply_entry(entry, producer=producer)
-        finally:
-            _publishing.reset(reset)
-            if HEADER_KEY in headers:
-                self.published[headers[HEADER_KEY]] = self.locks.clock.monotonic()
-
-    def refuse(
-        self,
-        name: str,
-        entry: Any,
-        exc: BaseException,
-        problem: str,
-        fix: str,
-        *,
-        traceback: bool = False,
-    ) -> None:
-        """Log that the entry ``name`` is not published this tick.
-
-        ERROR the first time an entry is refused with a given error, and again every
-        :data:`REFUSAL_REPEAT` seconds while it lasts (beat ticks every few seconds: one line per
-        tick would bury everything else); DEBUG in between.
-        """
-        error = f"{type(exc).__name__}: {exc}"
-        now = self.now()
-        last = self.refused.get(name)
-        if last is not None and last[0] == error and now - last[1] < REFUSAL_REPEAT:
-            logger.debug("Beat entry %r is still refused (%s)", name, error)
-            return
-        self.refused[name] = (error, now)
-        logger.error(
-            "Beat entry %r (task %r) refused, not published: %s: %s. Fix: %s. Beat and every "
-            "other entry go on; this entry is refused at each tick until it is fixed (logged "
-            "again every %d s while the error lasts).",
-            name,
-            getattr(entry, "task", None),
-            problem,
-            error,
-            fix,
-            REFUSAL_REPEAT,
-            exc_info=exc if traceback else None,
-        )
-
-    def leader_token(self) -> int | None:
-        leader = self.leader
-        return leader.fencing_token if leader is not None else None
-
-    def entry_key(self, task: Any, spec: JobSpec, entry: Any) -> str:
-        """The owner lease key of this entry (a template is formatted from its arguments)."""
-        args = tuple(entry.args or ())
-        if getattr(task.run, "__self__", None) is task:
-            args = (task, *args)
-        return spec.owner_key(args, dict(entry.kwargs or {}), task.name)
-
-    def close(self) -> Any:
-        """Hand every lease back, then close the scheduler."""
-        with self.mutex:
-            held = list(self.owned.values())
-            self.owned.clear()
-        leader, self.leader = self.leader, None
-        if leader is not None:
-            held.append(leader)
-        try:
-            self.hand_back(held)
-        finally:
-            # Whatever handing back did, the scheduler is closed (its schedule is synced).
-            result = self._close()
-        return result
-
-    def hand_back(self, held: list[Lock]) -> None:
-        """Release every lease in ``held``, one failure not keeping the others."""
-        now = self.locks.clock.monotonic()
-        for lock in held:
-            since = now - self.published.get(lock.key, float("-inf"))
-            try:
-                if since < HANDBACK_GRACE:
-                    # Handed back once the tick it just published cannot be published again.
-                    if lock.leave_for(HANDBACK_GRACE - since):
-                        logger.info(
-                            "This beat handed back %r (free in %.2fs, after the tick it just "
-                            "published)",
-                            lock.key,
-                            HANDBACK_GRACE - since,
-                        )
-                elif lock.release():
-                    logger.info("This beat handed back %r", lock.key)
-            except LocksError as exc:
-                logger.warning("Handing back %r failed (%s); it lapses at its ttl", lock.key, exc)
-            except Exception:
-                logger.exception("Handing back %r failed; it lapses at its ttl", lock.key)
-
-
-def _add_headers(headers: dict[str, Any] | None = None, **kwargs: Any) -> None:
-    """``before_task_publish``: add beat's headers to the message being published."""
-    ours = _publishing.get()
-    if ours is not None and headers is not None:
-        headers.update(ours)
 
 
 # Worker.
