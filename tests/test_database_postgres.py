@@ -21,7 +21,8 @@ from django.db import connections, transaction
 
 from django_locks.exceptions import StoreError, StoreTimeoutError
 from django_locks.models import Lease
-from django_locks.stores.database import SEQUENCE, DatabaseStore
+from django_locks.stores.database import DatabaseStore
+from django_locks.stores.database.operations import SEQUENCE
 from tests.servers import wait_until
 
 pytestmark = [
@@ -368,7 +369,7 @@ def test_without_the_sql_functions_the_store_sends_the_statements_and_warns(
         assert store.release(name, "one") and not store.release(name, "one")
         second = store.acquire(name, "two", 60_000)
         assert second is not None and second > first
-        assert not store._functions
+        assert not store._pools.ops.functions
         assert "migrate django_locks --database postgres" in caplog.text
         messages = store.check(databases=["postgres"])
     finally:

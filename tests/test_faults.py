@@ -78,8 +78,8 @@ def test_a_waiting_acquire_polls_while_the_release_listener_is_slow_to_connect(
     wait slice (250 ms) and the waiting acquire failed with StoreTimeoutError, although the store
     itself answered. The notice channel only speeds waiting up: waiting goes on without it."""
     from django_locks import Locks
-    from django_locks.stores import database_listener
     from django_locks.stores.database import DatabaseStore
+    from django_locks.stores.database import listener as database_listener
 
     connect = database_listener.Listener._connect
 

@@ -1,9 +1,10 @@
 """The SQL functions behind ``DatabaseStore.acquire`` and ``release`` on PostgreSQL.
 
 PL/pgSQL plans a function's statements once per session, so each call costs the server a short
-``SELECT`` instead of parsing and planning the whole statement (see ``stores/database.py``).
-Other vendors get nothing. The function bodies come from the store's own statements: a change to
-them comes with a migration that runs ``PG_FUNCTIONS`` (``CREATE OR REPLACE``) again.
+``SELECT`` instead of parsing and planning the whole statement (see
+``stores/database/postgresql.py``). Other vendors get nothing. The function bodies come from the
+store's own statements: a change to them comes with a migration that runs ``PG_FUNCTIONS``
+(``CREATE OR REPLACE``) again.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 from django.db import migrations
 
-from django_locks.stores.database import PG_DROP_FUNCTIONS, PG_FUNCTIONS
+from django_locks.stores.database.postgresql import PG_DROP_FUNCTIONS, PG_FUNCTIONS
 
 
 def create_functions(apps: Any, schema_editor: Any) -> None:

@@ -200,12 +200,24 @@ def translate(
     try:
         yield
     except errors as exc:
-        if call is not None and call.fired:
-            after = "" if timeout is None else f" within {timeout:g}s"
-            raise StoreTimeoutError(
-                f"{what[:1].upper()}{what[1:]} did not answer{after}; the call was abandoned "
-                "and its connection discarded."
-            ) from exc
-        raise StoreError(
-            f"{what[:1].upper()}{what[1:]} failed a lock store call: {exc}{hint(exc)}"
-        ) from exc
+        timed_out = call is not None and call.fired
+        raise translated(exc, what, timed_out=timed_out, timeout=timeout, hint=hint(exc)) from exc
+
+
+def translated(
+    exc: BaseException,
+    what: str,
+    *,
+    timed_out: bool,
+    timeout: float | None = None,
+    hint: str = "",
+) -> StoreError:
+    """The error :func:`translate` raises for ``exc`` (raise it ``from exc``): for a store that
+    translates on its error path only, keeping context managers off its hot path."""
+    if timed_out:
+        after = "" if timeout is None else f" within {timeout:g}s"
+        return StoreTimeoutError(
+            f"{what[:1].upper()}{what[1:]} did not answer{after}; the call was abandoned "
+            "and its connection discarded."
+        )
+    return StoreError(f"{what[:1].upper()}{what[1:]} failed a lock store call: {exc}{hint}")

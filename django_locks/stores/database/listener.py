@@ -21,13 +21,14 @@ import threading
 import time
 from typing import Any
 
-from django.db import connections
-
 from django_locks.clock import MAX_WAIT
+from django_locks.stores.database.connections import PrivateBackend
+from django_locks.stores.database.postgresql import CHANNEL, LISTEN
+
+__all__ = ["CHANNEL", "Listener"]
 
 logger = logging.getLogger("django_locks")
 
-CHANNEL = "django_locks_released"
 RECONNECT_DELAY = 1.0
 """Seconds between attempts to reopen a listening connection that broke."""
 
@@ -160,17 +161,18 @@ class Listener:
         )
 
     def _connect(self) -> Any:
-        base = connections[self.using]
-        options = {k: v for k, v in base.settings_dict["OPTIONS"].items() if k != "pool"}
         # A reconnect to an unreachable server gives up (and tries again) rather than hang.
-        options.setdefault("connect_timeout", max(2, math.ceil(self.connect_timeout)))
-        wrapper: Any = type(base)({**base.settings_dict, "OPTIONS": options}, self.using)
-        wrapper.connect()
-        if not wrapper.get_autocommit():
-            wrapper.set_autocommit(True)
-        raw = wrapper.connection
-        with raw.cursor() as cursor:
-            cursor.execute(f"LISTEN {CHANNEL}")
+        backend = PrivateBackend(
+            self.using, connect_timeout=max(2, math.ceil(self.connect_timeout))
+        )
+        raw = backend.connect()
+        try:
+            with raw.cursor() as cursor:
+                cursor.execute(LISTEN)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                raw.close()
+            raise
         return raw
 
     def _read(self, raw: Any) -> None:

@@ -1,0 +1,120 @@
+"""The database store's system checks: E101, E102 (no I/O), W101, and W102 / W103 (with I/O)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from django.core import checks
+from django.db import connections
+from django.utils.connection import ConnectionDoesNotExist
+
+from django_locks.exceptions import StoreError
+from django_locks.stores.database.operations import SEQUENCE, TABLE
+from django_locks.stores.database.pools import DIALECTS
+
+if TYPE_CHECKING:
+    from django_locks.stores.database.store import DatabaseStore
+
+CHECK_TIMEOUT = 2.0
+"""Seconds the I/O checks (``check --database``) wait for the database at most."""
+
+
+def configuration_messages(using: str) -> list[Any]:
+    """E101 (unknown alias), E102 (unsupported vendor): no I/O."""
+    try:
+        vendor = connections[using].vendor
+    except ConnectionDoesNotExist:
+        return [
+            checks.Error(
+                f"The lock store's database alias {using!r} is not in DATABASES.",
+                hint="Set LOCKS['OPTIONS']['using'] to one of: "
+                f"{', '.join(map(repr, connections))}.",
+                id="django_locks.E101",
+            )
+        ]
+    if vendor not in DIALECTS:
+        return [
+            checks.Error(
+                f"The lock store cannot use the {vendor} database {using!r}: DatabaseStore "
+                "supports PostgreSQL, and SQLite on one machine.",
+                hint="Point LOCKS['OPTIONS']['using'] at a PostgreSQL database, or use "
+                "'django_locks.stores.RedisStore'.",
+                id="django_locks.E102",
+            )
+        ]
+    return []
+
+
+def store_messages(
+    store: DatabaseStore, *, databases: Iterable[str] | None, deploy: bool
+) -> list[Any]:
+    """``DatabaseStore.check()``: the configuration, W101, and the schema where I/O is allowed."""
+    messages = configuration_messages(store.using)
+    if messages:
+        return messages
+    vendor = connections[store.using].vendor
+    from django_locks.conf import configured_debug  # conf imports the stores' base
+
+    if vendor == "sqlite" and not configured_debug():
+        messages.append(
+            checks.Warning(
+                f"The lock store uses the SQLite database {store.using!r}: it only shares "
+                "locks between the processes of one machine.",
+                hint="Use PostgreSQL (or the RedisStore) when the project runs on more than "
+                "one machine; silence django_locks.W101 if it never does.",
+                id="django_locks.W101",
+            )
+        )
+    if deploy or (databases is not None and store.using in databases):
+        messages.extend(_schema_messages(store))
+    return messages
+
+
+def _schema_messages(store: DatabaseStore) -> list[Any]:
+    # Only a schema that should be there and is not is worth a warning: while django_locks'
+    # migrations are not applied on this alias (the first `migrate`, which runs the checks
+    # before it migrates), Django's own unapplied-migrations notice covers it.
+    pools = store._pools
+    try:
+        missing = pools.run(pools.ops.missing_schema, (), CHECK_TIMEOUT, renewal=False, write=False)
+    except StoreError as exc:
+        return [
+            checks.Warning(
+                f"The lock store could not reach the database {store.using!r}: {exc}",
+                hint="Check that the database is up and reachable from here.",
+                id="django_locks.W103",
+            )
+        ]
+    if not missing:
+        return []
+    return [
+        checks.Warning(
+            f"The lock store's {' and '.join(missing)} "
+            f"{'is' if missing == [TABLE] or missing == [SEQUENCE] else 'are'} "
+            f"missing from the database {store.using!r}, although its migrations are "
+            "recorded as applied (a restored dump, a dropped table).",
+            hint=repair_hint(missing, store.using, pools.ops.recreate_sequence),
+            id="django_locks.W102",
+        )
+    ]
+
+
+def repair_hint(missing: list[str], using: str, recreate_sequence: str) -> str:
+    """How to bring back what W102 found missing: a plain `migrate` answers "No migrations to
+    apply", since Django's records say they ran. Each way keeps every key's fencing token growing
+    (the rows, where they survive, are the floor of every new token)."""
+    database = f" --database {using}"
+    if TABLE in missing:
+        # The table is gone, so there is nothing to keep: run every migration again (the token
+        # source is created only if it is missing, the SQL functions are replaced).
+        return (
+            f"Run `manage.py migrate django_locks zero --fake{database}`, then "
+            f"`manage.py migrate django_locks{database}`."
+        )
+    if SEQUENCE in missing:
+        return f"In `manage.py dbshell{database}`, run `{recreate_sequence}`"
+    return (
+        f"Run `manage.py migrate django_locks 0001 --fake{database}`, then "
+        f"`manage.py migrate django_locks{database}`: this creates the SQL functions again."
+    )
