@@ -18,7 +18,7 @@ from django.db import connections
 
 from django_locks.service import locks
 from django_locks.stores.base import LockStore
-from django_locks.stores.database import SEQUENCE, TABLE
+from django_locks.stores.database.operations import SEQUENCE, TABLE
 from tests.helpers import eventually
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -10,46 +10,14 @@ import sys
 from typing import Any, TextIO
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import connections, transaction
 
 from django_locks.durations import MAX_DURATION_MS, bounded_ms
 from django_locks.exceptions import LocksError
 from django_locks.keys import validate_key
 from django_locks.service import locks
 from django_locks.stores.base import LeaseInfo, LockStore
-from django_locks.stores.database import SEQUENCE, TABLE, DatabaseStore
 
 logger = logging.getLogger("django_locks")
-
-PRUNE_BATCH = 1000
-"""Rows deleted per transaction by ``prune``: each batch blocks the store's writes briefly."""
-
-# Pruning deletes rows whose key then starts over from the token source alone (the sequence on
-# PostgreSQL, the counter table on SQLite), without the row's own token as a floor. So each batch
-# first raises the source to the batch's highest token, while holding a lock that keeps every
-# acquire out until the rows are gone: an acquire that drew its token before the raise and then
-# inserted the pruned key would otherwise hand out an old token (after a sequence reset, the rows
-# are ahead of the sequence). SHARE ROW EXCLUSIVE conflicts with the ROW EXCLUSIVE lock an
-# INSERT / UPDATE takes before it evaluates anything.
-_PG_STALE = "expires_at < clock_timestamp() - %s * interval '1 millisecond'"
-PG_PRUNE_LOCK = f"LOCK TABLE {TABLE} IN SHARE ROW EXCLUSIVE MODE"
-PG_PRUNE_BATCH = f"SELECT key, fencing_token FROM {TABLE} WHERE {_PG_STALE} LIMIT %s"
-PG_PRUNE_FLOOR = f"""
-SELECT setval('{SEQUENCE}', greatest((SELECT last_value FROM {SEQUENCE}), %s))
-"""
-PG_PRUNE_DELETE = f"DELETE FROM {TABLE} WHERE key = ANY(%s) AND {_PG_STALE}"
-# SQLite: the counter already holds the highest token ever handed out (the store raises it on
-# every acquire); raising it again costs nothing and keeps the rule local. The first write of
-# the transaction takes the database's write lock, which keeps the store's writers out.
-_SQLITE_STALE = "julianday(expires_at) < julianday('now', %s)"
-SQLITE_PRUNE_FLOOR = f"""
-UPDATE {SEQUENCE} SET value = max(value, coalesce(
-    (SELECT max(fencing_token) FROM {TABLE} WHERE {_SQLITE_STALE}), 0)) WHERE id = 1
-"""
-SQLITE_PRUNE_DELETE = f"DELETE FROM {TABLE} WHERE {_SQLITE_STALE}"
-PG_PRUNE_COUNT = f"SELECT count(*) FROM {TABLE} WHERE {_PG_STALE}"
-SQLITE_PRUNE_COUNT = f"SELECT count(*) FROM {TABLE} WHERE {_SQLITE_STALE}"
-
 
 class Command(BaseCommand):
     help = (
@@ -131,7 +99,7 @@ class Command(BaseCommand):
         except (TypeError, ValueError) as exc:
             raise CommandError(str(exc)) from exc
         try:
-            held = {lease.key: lease for lease in store.leases()}.get(key)
+            held = store.lease(key)
         except NotImplementedError:
             held = None  # a store that cannot list: ask, then try
         else:
@@ -172,18 +140,16 @@ class Command(BaseCommand):
             )
         except (TypeError, ValueError) as exc:
             raise CommandError(str(exc)) from exc
-        if not isinstance(store, DatabaseStore):
+        if not store.keeps_ended_leases:
             self.stdout.write(
                 f"Nothing to prune in {store!r}: only the database store keeps the rows of "
                 "released and expired leases."
             )
             return
         try:
-            count = count_prunable(store, ms) if dry_run else prune_database_store(store, ms)
-        except Exception as exc:
-            if isinstance(exc, LocksError):
-                raise
-            raise CommandError(f"Pruning {store!r} failed: {exc}") from exc
+            count = store.prune(ms, dry_run=dry_run)
+        except NotImplementedError:
+            raise CommandError(f"The lock store {store!r} cannot prune its leases.") from None
         if dry_run:
             self.stdout.write(
                 f"Would prune {count} lease{'' if count == 1 else 's'} released or expired more "
@@ -194,46 +160,6 @@ class Command(BaseCommand):
             f"Pruned {count} lease{'' if count == 1 else 's'} released or expired more than "
             f"{older_than} ago from {store!r}; every key's next token stays greater."
         )
-
-
-def count_prunable(store: DatabaseStore, older_than_ms: int) -> int:
-    """How many rows :func:`prune_database_store` would delete now (nothing is deleted)."""
-    connection = connections[store.using]
-    with connection.cursor() as cursor:
-        if connection.vendor == "sqlite":
-            cursor.execute(SQLITE_PRUNE_COUNT, [f"-{older_than_ms / 1000:.3f} seconds"])
-        else:
-            cursor.execute(PG_PRUNE_COUNT, [older_than_ms])
-        return int(cursor.fetchone()[0])
-
-
-def prune_database_store(store: DatabaseStore, older_than_ms: int) -> int:
-    """Delete the rows of ``store`` whose lease ended more than ``older_than_ms`` ago, on the
-    database's clock, without letting any key's fencing token go back. Returns the count.
-
-    Runs on Django's connection of the store's alias (``using``), whatever the routers say.
-    """
-    connection = connections[store.using]
-    if connection.vendor == "sqlite":
-        offset = f"-{older_than_ms / 1000:.3f} seconds"
-        with transaction.atomic(using=store.using), connection.cursor() as cursor:
-            cursor.execute(SQLITE_PRUNE_FLOOR, [offset])
-            cursor.execute(SQLITE_PRUNE_DELETE, [offset])
-            return int(cursor.rowcount)
-    total = 0
-    while True:
-        with transaction.atomic(using=store.using), connection.cursor() as cursor:
-            cursor.execute(PG_PRUNE_LOCK)
-            cursor.execute(PG_PRUNE_BATCH, [older_than_ms, PRUNE_BATCH])
-            batch = cursor.fetchall()
-            if not batch:
-                return total
-            cursor.execute(PG_PRUNE_FLOOR, [max(int(token) for _, token in batch)])
-            cursor.execute(PG_PRUNE_DELETE, [[key for key, _ in batch], older_than_ms])
-            deleted = int(cursor.rowcount)
-            total += deleted
-        if deleted == 0 or len(batch) < PRUNE_BATCH:
-            return total
 
 
 def _leases(store: LockStore, include_inactive: bool) -> list[LeaseInfo]:
