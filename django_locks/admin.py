@@ -194,22 +194,41 @@ class LeaseAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         a message when the store cannot list them or cannot be reached."""
         try:
             leases = locks.store.leases(include_inactive=True)
-        except NotImplementedError:
+        except (NotImplementedError, LocksError) as exc:
+            self.store_unreadable(request, exc)
+            return []
+        return sorted(leases, key=lambda lease: (_STATE_ORDER[lease.state], lease.key))
+
+    def store_leases_of(self, request: HttpRequest, keys: list[str]) -> dict[str, LeaseInfo]:
+        """The store's lease of each of ``keys`` (held, expired or released, where it keeps
+        them), one ``lease(key)`` each, never the whole listing; with a message, as
+        :meth:`store_leases` gives, when the store cannot describe them or be reached."""
+        found: dict[str, LeaseInfo] = {}
+        try:
+            for key in keys:
+                lease = locks.store.lease(key, include_inactive=True)
+                if lease is not None:
+                    found[key] = lease
+        except (NotImplementedError, LocksError) as exc:
+            self.store_unreadable(request, exc)
+            return {}
+        return found
+
+    def store_unreadable(self, request: HttpRequest, exc: BaseException) -> None:
+        """The message for a store that cannot list its leases, or could not be reached."""
+        if isinstance(exc, NotImplementedError):
             self.message_user(
                 request,
                 _("The lock store %(store)s cannot list its leases.") % {"store": locks.store},
                 messages.WARNING,
             )
-            return []
-        except LocksError as exc:
+        else:
             self.message_user(
                 request,
                 _("The lock store %(store)s could not be reached: %(error)s")
                 % {"store": locks.store, "error": exc},
                 messages.ERROR,
             )
-            return []
-        return sorted(leases, key=lambda lease: (_STATE_ORDER[lease.state], lease.key))
 
     def release_action(self, request: HttpRequest) -> HttpResponse:
         """The "Release selected leases" action: a confirmation page, then ``force_release``.
@@ -232,7 +251,7 @@ class LeaseAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                 messages.WARNING,
             )
             return HttpResponseRedirect(request.get_full_path())
-        listed = {lease.key: lease for lease in self.store_leases(request)}
+        listed = self.store_leases_of(request, keys)
         if request.POST.get("post") != "yes":
             context = {
                 **self.admin_site.each_context(request),
