@@ -9,7 +9,7 @@ import time
 from collections.abc import Sequence
 
 from django_locks.clock import Clock
-from django_locks.stores.base import LeaseInfo, LockStore, holder_name
+from django_locks.stores.base import LeaseInfo, LockStore, check_older_than, holder_name
 
 # The longest expires_in a listing shows: a timedelta cannot hold more than 999,999,999 days, and a
 # lease taken with a huge ttl_ms (by a caller of the store itself) must not crash leases().
@@ -22,7 +22,7 @@ class _Lease:
     holder: str
     token: int
     acquired_at: datetime.datetime
-    expires_at: float  # on the store's clock, in seconds
+    expires_at: float  # on the store's clock, in seconds (a release moves it to then)
     released: bool = False
 
 
@@ -41,6 +41,7 @@ class InMemoryStore(LockStore):
         self._released = threading.Condition(self._mutex)
         self._releases: dict[str, int] = {}  # per key: how many releases so far
         self._leases: dict[str, _Lease] = {}
+        self._floor = 0  # the highest token of a pruned lease: new keys' tokens start above it
 
     def _now(self) -> float:
         return self._clock.monotonic() if self._clock is not None else time.monotonic()
@@ -63,7 +64,7 @@ class InMemoryStore(LockStore):
                 lease.expires_at = now + ttl_ms / 1000
                 return lease.token
             previous = self._leases.get(key)
-            token = previous.token + 1 if previous is not None else 1
+            token = (previous.token if previous is not None else self._floor) + 1
             self._leases[key] = _Lease(
                 owner=owner,
                 holder=holder_name(),
@@ -97,6 +98,7 @@ class InMemoryStore(LockStore):
 
     def _mark_released(self, key: str, lease: _Lease) -> None:
         lease.released = True
+        lease.expires_at = min(lease.expires_at, self._now())  # when it ended, for prune()
         self._releases[key] = self._releases.get(key, 0) + 1
         self._released.notify_all()
 
@@ -128,28 +130,47 @@ class InMemoryStore(LockStore):
                 if not lease.released:
                     self._mark_released(key, lease)
 
+    keeps_ended_leases = True  # a released or expired lease stays, as its key's token floor
+
     def leases(self, *, include_inactive: bool = False) -> list[LeaseInfo]:
         with self._mutex:
             now = self._now()
-            listed = []
-            for key, lease in self._leases.items():
-                if lease.released:
-                    state, expires_in = "released", None
-                else:
-                    state = "held" if lease.expires_at > now else "expired"
-                    expires_in = datetime.timedelta(seconds=min(lease.expires_at - now, _LONGEST))
-                if state != "held" and not include_inactive:
-                    continue
-                listed.append(
-                    LeaseInfo(
-                        key=key,
-                        state=state,  # type: ignore[arg-type]
-                        owner=lease.owner,
-                        holder=lease.holder,
-                        fencing_token=lease.token,
-                        acquired_at=lease.acquired_at,
-                        expires_in=expires_in,
-                    )
-                )
+            listed = [self._info(key, lease, now) for key, lease in self._leases.items()]
+        listed = [info for info in listed if include_inactive or info.state == "held"]
         listed.sort(key=lambda info: (info.state != "held", info.key))
         return listed
+
+    def lease(self, key: str, *, include_inactive: bool = False) -> LeaseInfo | None:
+        with self._mutex:
+            lease = self._leases.get(key)
+            info = None if lease is None else self._info(key, lease, self._now())
+        return info if info is not None and (include_inactive or info.state == "held") else None
+
+    def prune(self, older_than_ms: int, *, dry_run: bool = False) -> int:
+        check_older_than(older_than_ms)
+        with self._mutex:
+            # A lease ended at its expires_at (a release moves it there): a live one's is ahead.
+            before = self._now() - older_than_ms / 1000
+            ended = [key for key, lease in self._leases.items() if lease.expires_at < before]
+            if not dry_run:
+                for key in ended:
+                    # The floor first: the pruned key starts over above every token it had.
+                    self._floor = max(self._floor, self._leases.pop(key).token)
+            return len(ended)
+
+    @staticmethod
+    def _info(key: str, lease: _Lease, now: float) -> LeaseInfo:
+        if lease.released:
+            state, expires_in = "released", None
+        else:
+            state = "held" if lease.expires_at > now else "expired"
+            expires_in = datetime.timedelta(seconds=min(lease.expires_at - now, _LONGEST))
+        return LeaseInfo(
+            key=key,
+            state=state,  # type: ignore[arg-type]
+            owner=lease.owner,
+            holder=lease.holder,
+            fencing_token=lease.token,
+            acquired_at=lease.acquired_at,
+            expires_in=expires_in,
+        )
