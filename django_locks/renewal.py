@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import weakref
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -20,6 +19,8 @@ from django_locks import signals
 from django_locks.abort import AbortSignal
 from django_locks.clock import Clock, TimerHandle
 from django_locks.exceptions import AbortedError, DetectedBy, LockLostError, LockReleasedError
+from django_locks.renewal_batch import batch_for
+from django_locks.renewal_batch import held as _held
 from django_locks.stores.base import LockStore, holder_name
 
 logger = logging.getLogger("django_locks")
@@ -36,10 +37,6 @@ bounded by the lock's remaining validity, but never below 50 ms, so that a call 
 of the validity still has the time of a round trip."""
 
 State = Literal["held", "released", "lost", "abandoned", "detached"]
-
-_held: set[Keeper] = set()
-"""Every lock this process holds: a keeper joins when acquired and leaves when it stops being
-held (its timer references it that long anyway). Renewal batches pick theirs from it."""
 
 
 class Keeper:
@@ -96,10 +93,16 @@ class Keeper:
         self._mutex = threading.RLock()
         self._timer: TimerHandle | None = None  # at the next renewal, then at the deadline
         self._in_flight = False  # a renewal of it is being sent
-        self._batch = _batch_for(store, clock)
+        self._batch = batch_for(store, clock)
+        # What _confirmed(sent) does, inlined (one lock made per acquire): every field a
+        # renewal batch reads is set before the keeper joins `_held`, where a batch running
+        # on another thread may see it at once; its only timer is made last.
+        self.deadline = sent + self.ttl * (1 - DRIFT) - MARGIN
+        self._due = False
+        self._renew_at = renew_at = sent + self.ttl / 3
         _held.add(self)
         with self._mutex:
-            self._confirmed(sent)
+            self._timer = clock.call_at(min(renew_at, self.deadline), self._on_timer)
 
     @property
     def signal(self) -> AbortSignal:
@@ -354,96 +357,6 @@ class Keeper:
             self._signal._set(error)
 
 
-class RenewalBatch:
-    """Renews the locks one process holds on one store together, in ONE store call
-    (``renew_many``) per round, instead of one call per lock.
-
-    A round starts when some lock's renewal falls due; it takes along every lock whose renewal
-    falls due soon (see ``Keeper._wants_renewal``). While a round's call is out, locks falling
-    due wait for the next round, which starts as soon as the call returns.
-    """
-
-    def __init__(self, store: LockStore, clock: Clock) -> None:
-        self.store = store
-        self.clock = clock
-        self._mutex = threading.Lock()
-        self._running = False
-        self._again = False
-
-    def due(self) -> None:
-        with self._mutex:
-            if self._running:
-                self._again = True
-                return
-            self._running = True
-        self.clock.spawn(self._run)
-
-    def _run(self) -> None:
-        try:
-            while True:
-                now = self.clock.monotonic()
-                with self._mutex:
-                    self._again = False
-                    batch = [
-                        keeper
-                        for keeper in list(_held)  # one step: other threads add and discard
-                        if keeper._batch is self and keeper._wants_renewal(now)
-                    ]
-                    for keeper in batch:
-                        keeper._in_flight = True
-                        keeper._due = False
-                if batch:
-                    self._renew(batch, now)
-                with self._mutex:
-                    if not self._again:
-                        self._running = False
-                        return
-        except BaseException:
-            with self._mutex:
-                self._running = False
-            raise
-
-    def _renew(self, batch: list[Keeper], sent: float) -> None:
-        timeout = max(min(keeper.deadline for keeper in batch) - sent, 0.001)
-        leases = [(keeper.key, keeper.owner, keeper.ttl_ms) for keeper in batch]
-        try:
-            results = self.store.renew_many(leases, timeout=timeout)
-        except Exception as exc:  # retried by each lock until its deadline, never a refusal
-            for keeper in batch:
-                keeper._answered(sent, False, exc)
-            return
-        for keeper, renewed in zip(batch, results, strict=True):
-            keeper._answered(sent, renewed, None)
-
-
-_batches: weakref.WeakKeyDictionary[LockStore, dict[int, RenewalBatch]] = (
-    weakref.WeakKeyDictionary()
-)
-_batches_mutex = threading.Lock()
-
-
-# The batch asked for last, nearly always the next one asked for (it keeps its store alive).
-_last_batch: RenewalBatch | None = None
-
-
-def _batch_for(store: LockStore, clock: Clock) -> RenewalBatch | None:
-    """The batch of ``store`` and ``clock`` in this process, or None when the store renews one
-    lock per call only."""
-    global _last_batch
-    batch = _last_batch
-    if batch is not None and batch.store is store and batch.clock is clock:
-        return batch
-    if type(store).renew_many is LockStore.renew_many:
-        return None
-    with _batches_mutex:
-        per_clock = _batches.setdefault(store, {})
-        batch = per_clock.get(id(clock))
-        if batch is None or batch.clock is not clock:
-            batch = per_clock[id(clock)] = RenewalBatch(store, clock)
-        _last_batch = batch
-        return batch
-
-
 def held_keepers() -> list[Keeper]:
     """Every lock this process is keeping, for the testing reset helper."""
     return [keeper for keeper in list(_held) if keeper.state == "held"]
@@ -451,11 +364,8 @@ def held_keepers() -> list[Keeper]:
 
 def _detach_inherited_locks() -> None:
     # A forked child shares the parent's owner ids: renewing or releasing them here would act on
-    # the parent's leases. The child simply does not hold them.
-    global _batches, _batches_mutex, _last_batch
-    _batches = weakref.WeakKeyDictionary()
-    _batches_mutex = threading.Lock()
-    _last_batch = None
+    # the parent's leases. The child simply does not hold them (renewal_batch forgets the
+    # parent's batches on its own).
     for keeper in list(_held):
         keeper.detach("it was inherited across fork() and stays the parent's", after_fork=True)
 
