@@ -181,8 +181,16 @@ _opened = threading.local()
 def _remember_connection(sender: object, connection: Any, **kwargs: object) -> None:
     opened = _opened.__dict__.get("wrappers")
     if opened is None:
-        opened = _opened.wrappers = weakref.WeakSet()
-    opened.add(connection)
+        opened = _opened.wrappers = []
+    _remember(opened, connection)
+
+
+def _remember(opened: list[weakref.ref[Any]], connection: Any) -> None:
+    # Weak references in a plain list: read on every release, where iterating a WeakSet (its
+    # iteration guard, in Python) costs more than the check itself. A thread opens a handful
+    # of connections (one per alias, again after each close): the dead ones are dropped here.
+    opened[:] = [ref for ref in opened if (conn := ref()) is not None and conn is not connection]
+    opened.append(weakref.ref(connection))
 
 
 connection_created.connect(_remember_connection, weak=False, dispatch_uid="django_locks")
@@ -196,10 +204,14 @@ def _in_atomic_block() -> bool:
     opened = _opened.__dict__.get("wrappers")
     if opened is None:
         opened = _seed_opened()
-    return any(conn.in_atomic_block and _real_atomic(conn) for conn in opened)
+    for ref in opened:
+        conn = ref()
+        if conn is not None and conn.in_atomic_block and _real_atomic(conn):
+            return True
+    return False
 
 
-def _seed_opened() -> weakref.WeakSet[Any]:
+def _seed_opened() -> list[weakref.ref[Any]]:
     # Connections this thread opened before this module was imported sent `connection_created`
     # to nobody: take them from Django once per thread (a project without Celery and without
     # the admin may import django_locks.lock only on its first lock).
@@ -207,10 +219,10 @@ def _seed_opened() -> weakref.WeakSet[Any]:
 
     opened = _opened.__dict__.get("wrappers")
     if opened is None:
-        opened = _opened.wrappers = weakref.WeakSet()
+        opened = _opened.wrappers = []
     for conn in connections.all(initialized_only=True):
         if conn.connection is not None:
-            opened.add(conn)
+            _remember(opened, conn)
     return opened
 
 
