@@ -10,8 +10,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
-from django_locks.testing.harness import ContractHarness, new_owner
+from django_locks.stores.base import LeaseInfo
+from django_locks.testing.harness import WEEK_MS, ContractHarness, new_owner
 
 
 class OptionalCapabilityCases(ContractHarness):
@@ -148,3 +150,101 @@ class OptionalCapabilityCases(ContractHarness):
         )
         self.assertEqual(results.count(True), 999)
         self.assertFalse(results[7])
+
+    # One key's lease, and pruning ended leases: lease(key), prune(older_than_ms).
+
+    def describe(self, info: LeaseInfo | None) -> tuple[Any, ...] | None:
+        """What of a lease stays put between two reads (not its time left)."""
+        if info is None:
+            return None
+        return (info.key, info.state, info.owner, info.holder, info.fencing_token)
+
+    def test_lease_describes_one_live_lease_as_the_listing_does(self) -> None:
+        self.assertIsNone(self.optional(lambda: self.store.lease(self.key())))
+        owner, other = new_owner(), new_owner()
+        token = self.store.acquire(self.key(), owner, 60_000)
+        self.store.acquire(self.key() + "2", other, 60_000)  # keys are compared exactly
+        self.store.acquire(self.key().upper(), other, 60_000)
+        info = self.store.lease(self.key())
+        assert info is not None
+        self.assertEqual(
+            (info.key, info.state, info.owner, info.fencing_token),
+            (self.key(), "held", owner, token),
+        )
+        self.assertTrue(info.holder)
+        assert info.expires_in is not None
+        self.assertGreater(info.expires_in.total_seconds(), 30)
+        listing = self.optional_or_none(self.store.leases)
+        if listing is not None:
+            listed = {lease.key: lease for lease in listing}.get(self.key())
+            self.assertEqual(self.describe(info), self.describe(listed))
+        inactive = self.store.lease(self.key(), include_inactive=True)
+        self.assertEqual(self.describe(inactive), self.describe(info))
+
+    def test_lease_of_an_ended_lease_is_none_unless_inactive_ones_are_asked_for(self) -> None:
+        released, expired = new_owner(), new_owner()
+        token = self.store.acquire(self.key("released"), released, 60_000)
+        self.optional(lambda: self.store.lease(self.key("released")))
+        self.store.release(self.key("released"), released)
+        self.store.acquire(self.key("expired"), expired, self.short_ttl_ms)
+        self.wait_until_expired(self.key("expired"), expired)
+        for name, state in (("released", "released"), ("expired", "expired")):
+            self.assertIsNone(self.store.lease(self.key(name)), f"the {name} lease is not live")
+            info = self.store.lease(self.key(name), include_inactive=True)
+            if info is not None:  # kept by this store (Redis forgets ended leases)
+                self.assertEqual((info.key, info.state), (self.key(name), state))
+        info = self.store.lease(self.key("released"), include_inactive=True)
+        if info is not None:
+            self.assertEqual(info.fencing_token, token)
+            self.assertIsNone(info.expires_in)
+        self.assertIsNone(self.store.lease(self.key("never"), include_inactive=True))
+
+    def test_prune_deletes_only_long_ended_leases_and_no_token_goes_back(self) -> None:
+        self.optional(lambda: self.store.prune(WEEK_MS, dry_run=True))
+        held, released, expired = new_owner(), new_owner(), new_owner()
+        tokens = {
+            "held": self.store.acquire(self.key("held"), held, 60_000),
+            "released": self.store.acquire(self.key("released"), released, 60_000),
+            "expired": self.store.acquire(self.key("expired"), expired, self.short_ttl_ms),
+        }
+        self.store.release(self.key("released"), released)
+        self.wait_until_expired(self.key("expired"), expired)
+        kept = self.store.keeps_ended_leases
+        # Ended moments ago, not more than a week ago: kept, by a dry run too.
+        self.store.prune(WEEK_MS)
+        would = self.store.prune(0, dry_run=True)
+        self.assertGreaterEqual(would, 2 if kept else 0)
+        describes = self.optional_or_none(lambda: self.store.lease(self.key("held"))) is not None
+        if kept:
+            for name in ("released", "expired"):
+                if describes:
+                    info = self.store.lease(self.key(name), include_inactive=True)
+                    self.assertEqual(info and info.state, name, f"the {name} lease was kept")
+            self.assertGreaterEqual(self.store.prune(0, dry_run=True), would)
+        pruned = self.store.prune(0)
+        if kept:
+            self.assertGreaterEqual(pruned, 2)
+        else:
+            self.assertEqual((would, pruned), (0, 0), "a store keeping no ended lease prunes none")
+        for name in ("released", "expired"):
+            if describes:
+                self.assertIsNone(self.store.lease(self.key(name), include_inactive=True))
+        # The held lease is untouched; the pruned keys' tokens still grow.
+        self.assertTrue(self.store.renew(self.key("held"), held, 60_000))
+        self.assertIsNone(self.store.acquire(self.key("held"), new_owner(), 60_000))
+        for name in ("released", "expired"):
+            token = self.store.acquire(self.key(name), new_owner(), 60_000)
+            assert token is not None and tokens[name] is not None
+            self.assertGreater(token, tokens[name], f"the pruned {name} key's token went back")
+
+    def test_prune_refuses_a_bad_age_before_any_io(self) -> None:
+        self.optional(lambda: self.store.prune(WEEK_MS, dry_run=True))
+        for bad, error in (
+            (-1, ValueError),
+            ("30d", TypeError),
+            (True, TypeError),
+            (1.5, TypeError),
+        ):
+            with self.assertRaises(error, msg=repr(bad)) as caught:
+                self.store.prune(bad)  # type: ignore[arg-type]
+            self.assertIn("older_than_ms", str(caught.exception))
