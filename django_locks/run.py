@@ -244,19 +244,18 @@ def _command_skipped(spec: JobSpec, command: Any, key: str, reason: str, ends: s
 
 
 def holder_text(key: str, ends: str = "its hold ends") -> str:
-    """ "held by host:pid, its hold ends in 27s (12:03:05 UTC)", from the store's listing."""
+    """ "held by host:pid, its hold ends in 27s (12:03:05 UTC)", from the store's ``lease(key)``."""
     import datetime
 
     try:
-        leases = _locks().store.leases()
+        lease = _locks().store.lease(key)
     except (NotImplementedError, LocksError):
         return "held by another instance"
-    for lease in leases:
-        if lease.key == key and lease.state == "held":
-            text = f"held by {lease.holder}"
-            if lease.expires_in is not None:
-                seconds = max(lease.expires_in.total_seconds(), 0.0)
-                at = datetime.datetime.now(datetime.UTC) + lease.expires_in
-                text += f", {ends} in {seconds:.0f}s ({at:%Y-%m-%d %H:%M:%S} UTC)"
-            return text
-    return "held by another instance, which just let it go"
+    if lease is None or lease.state != "held":
+        return "held by another instance, which just let it go"
+    text = f"held by {lease.holder}"
+    if lease.expires_in is not None:
+        seconds = max(lease.expires_in.total_seconds(), 0.0)
+        at = datetime.datetime.now(datetime.UTC) + lease.expires_in
+        text += f", {ends} in {seconds:.0f}s ({at:%Y-%m-%d %H:%M:%S} UTC)"
+    return text
