@@ -46,7 +46,7 @@ def test_no_io_without_deploy_or_databases(make_redis_server):
     server = make_redis_server({"appendonly": "no", "save": ""})
     store = RedisStore(url=server.url)
     assert store.check() == []
-    assert store._process is None  # not even a connection was opened
+    assert store._process.peek() is None  # not even a connection was opened
 
 
 def test_says_plainly_when_config_is_denied(make_redis_server):

@@ -91,9 +91,11 @@ def test_a_stale_slot_map_follows_moved(redis_cluster):
     right = store._node_for(lease, time.monotonic() + 5)
     wrong = next(n for n in store._primaries(time.monotonic() + 5) if n != right)
     assert wrong is not None
-    store._state().moved[key_slot(lease)] = wrong
+    topology = store._process.get().cluster()
+    topology.moved(key_slot(lease), wrong)
+    assert store._node_for(lease, time.monotonic() + 5) == wrong
     assert store.acquire("moving", owner, 60_000) == token
-    assert store._state().moved[key_slot(lease)] == right
+    assert store._node_for(lease, time.monotonic() + 5) == right
     assert store.release("moving", owner)
 
 

@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 
 import pytest
 import redis.exceptions
@@ -18,7 +19,7 @@ from redis.crc import key_slot
 
 from django_locks.exceptions import StoreError, StoreTimeoutError
 from django_locks.stores.redis import RedisStore
-from django_locks.stores.redis_connections import Replies
+from django_locks.stores.redis.scripts import pack
 from django_locks.testing import LockStoreContract
 
 
@@ -96,7 +97,7 @@ def test_cache_alias_of_djangos_redis_cache():
         "redis": {
             "BACKEND": "django.core.cache.backends.redis.RedisCache",
             "LOCATION": ["redis://primary:6379/3", "redis://replica:6379/3"],
-            "OPTIONS": {"password": "pw", "socket_timeout": None},
+            "OPTIONS": {"password": "pw", "socket_timeout": 99, "socket_connect_timeout": 99},
         },
     }
     with override_settings(CACHES=caches):
@@ -104,8 +105,12 @@ def test_cache_alias_of_djangos_redis_cache():
     assert store.url == "redis://primary:6379/3"
     kwargs = store._connection_kwargs
     assert (kwargs["host"], kwargs["db"], kwargs["password"]) == ("primary", 3, "pw")
-    # The store's own timeouts, never the cache's (a cache may wait forever).
-    assert kwargs["socket_timeout"] == 2
+    # The store's own timeouts, never the cache's (a cache may wait forever): a call's deadline
+    # (socket_timeout by default) is kept by the watchdog, not by the socket, and each
+    # connection gets the store's connect timeout when it is made.
+    assert (store.socket_timeout, store.socket_connect_timeout) == (2, 2)
+    assert kwargs["socket_timeout"] is None
+    assert "socket_connect_timeout" not in kwargs
 
 
 def test_cache_alias_of_django_redis():
@@ -272,9 +277,9 @@ def test_a_store_opens_at_most_max_connections(redis_server):
         thread.start()
     for thread in threads:
         thread.join(timeout=30)
-    process = store._state()
-    pool = process.pools["ops", None]
-    assert len(pool._idle) <= 3
+    pools = store._process.get().pools
+    assert list(pools) == [("ops", None)]
+    assert pools["ops", None].idle() <= 3
     store.close()
 
 
@@ -437,67 +442,164 @@ def test_renew_many_survives_a_script_flush_with_one_script_call_per_lease(redis
     assert calls == 50  # one script call per lease, all in the one pipeline, none failed
 
 
-# The store reads its replies itself (RESP2): however the bytes arrive, every reply is whole.
+# The wire (redis-py's Connection, read by its own parser): however the bytes arrive, every reply
+# is whole, and a connection out of step, cut short or silent never answers a later call.
 
 
-def _read_from(chunks: list[bytes], count: int, *, timeout: float = 5) -> list[object]:
-    """What ``Replies`` reads from a socket whose peer sends ``chunks`` one by one."""
-    ours, theirs = socket.socketpair()
-    with ours, theirs:
+class _ScriptedServer:
+    """A TCP server that answers redis-py's handshake (CLIENT ...) with +OK and the next
+    ``commands`` other commands with the chunks of the next ``answer()``, one send each;
+    commands past the last answer get nothing."""
 
-        def send() -> None:
-            for chunk in chunks:
-                theirs.sendall(chunk)
-                time.sleep(0.002)  # each chunk its own recv
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.connections = 0
+        self._answers: list[tuple[list[bytes], int]] = []
+        self._skip = 0
+        threading.Thread(target=self._accept, daemon=True).start()
 
-        sender = threading.Thread(target=send)
-        sender.start()
-        try:
-            return Replies(ours, time.monotonic() + timeout, b"").read(count)
-        finally:
-            sender.join()
+    def answer(self, *chunks: bytes, commands: int = 1) -> None:
+        self._answers.append((list(chunks), commands))
+
+    def store(self) -> RedisStore:
+        return RedisStore(url=f"redis://127.0.0.1:{self.port}/0")
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        buffer = b""
+        with conn:
+            while data := conn.recv(65536):
+                buffer += data
+                while (parsed := _command(buffer)) is not None:
+                    args, buffer = parsed
+                    if args[0].upper() == b"CLIENT":
+                        conn.sendall(b"+OK\r\n")
+                    elif self._skip:
+                        self._skip -= 1  # answered already, in the chunks of its pipeline
+                    elif self._answers:
+                        chunks, commands = self._answers.pop(0)
+                        self._skip = commands - 1
+                        for chunk in chunks:
+                            conn.sendall(chunk)
+                            time.sleep(0.002)  # each chunk its own recv
+
+    def close(self) -> None:
+        self.listener.close()
 
 
-def test_replies_split_anywhere_are_read_whole():
+def _command(buffer: bytes) -> tuple[list[bytes], bytes] | None:
+    """The first whole RESP command in ``buffer`` and the rest, or None."""
+    end = buffer.find(b"\r\n")
+    if end < 0:
+        return None
+    position, args = end + 2, []
+    for _ in range(int(buffer[1:end])):
+        end = buffer.find(b"\r\n", position)
+        if end < 0:
+            return None
+        start = end + 2
+        size = int(buffer[position + 1 : end])
+        if len(buffer) < start + size + 2:
+            return None
+        args.append(buffer[start : start + size])
+        position = start + size + 2
+    return args, buffer[position:]
+
+
+@pytest.fixture
+def scripted() -> Iterator[_ScriptedServer]:
+    server = _ScriptedServer()
+    yield server
+    server.close()
+
+
+def _pipeline(store: RedisStore, count: int, timeout: float = 5) -> list[object]:
+    return store._pool(None).pipeline([pack("PING")] * count, time.monotonic() + timeout)
+
+
+def test_replies_split_anywhere_are_read_whole(scripted):
     stream = b":42\r\n$-1\r\n$5\r\nhe\r\no\r\n*-1\r\n*2\r\n$3\r\nkey\r\n:-7\r\n+OK\r\n$0\r\n\r\n"
     expected = [42, None, b"he\r\no", None, [b"key", -7], b"OK", b""]
-    assert _read_from([stream], 7) == expected
-    assert _read_from([bytes([byte]) for byte in stream], 7) == expected
+    scripted.answer(stream, commands=7)
+    scripted.answer(*(bytes([byte]) for byte in stream), commands=7)
+    store = scripted.store()
+    assert _pipeline(store, 7) == expected
+    assert _pipeline(store, 7) == expected
+    assert scripted.connections == 1  # in step after each: the connection is reused
 
 
-def test_error_replies_come_back_as_redis_py_exceptions():
-    replies = _read_from(
-        [b"-NOSCRIPT No matching script.\r\n", b"-MOVED 3999 127.0.0.1:6381\r\n-ERR nope\r\n"], 3
+def test_error_replies_come_back_as_redis_py_exceptions(scripted):
+    scripted.answer(
+        b"-NOSCRIPT No matching script.\r\n",
+        b"-MOVED 3999 127.0.0.1:6381\r\n-ERR nope\r\n",
+        commands=3,
     )
-    noscript, moved, other = replies
+    noscript, moved, other = _pipeline(scripted.store(), 3)
     assert isinstance(noscript, redis.exceptions.NoScriptError)
     assert isinstance(moved, redis.exceptions.MovedError)
     assert (moved.slot_id, moved.host, moved.port) == (3999, "127.0.0.1", 6381)
-    assert type(other) is redis.exceptions.ResponseError and str(other) == "ERR nope"
+    assert type(other) is redis.exceptions.ResponseError and str(other) == "nope"  # redis-py drops "ERR "
 
 
-def test_a_reply_out_of_step_or_cut_short_is_an_error():
-    with pytest.raises(redis.exceptions.InvalidResponse, match="more replies than commands"):
-        _read_from([b":1\r\n:2\r\n"], 1)
-    with pytest.raises(redis.exceptions.InvalidResponse, match="Protocol error"):
-        _read_from([b"%1\r\n"], 1)  # a RESP3 map: the store's connections speak RESP2
-    with pytest.raises(redis.exceptions.InvalidResponse, match="Protocol error"):
-        _read_from([b"$x\r\n"], 1)
-    with pytest.raises(redis.exceptions.ConnectionError, match="closed the connection"):
-        ours, theirs = socket.socketpair()
-        with ours:
-            theirs.sendall(b"$10\r\nhalf")
-            theirs.close()
-            Replies(ours, time.monotonic() + 5, b"").read(1)
+def test_a_reply_out_of_step_never_answers_a_later_call(scripted):
+    scripted.answer(b":1\r\n:2\r\n")  # two replies to one command
+    scripted.answer(b":3\r\n")
+    store = scripted.store()
+    assert _pipeline(store, 1) == [1]
+    assert _pipeline(store, 1) == [3]  # not the stray 2: a fresh connection
+    assert scripted.connections == 2
 
 
-def test_a_reply_that_never_comes_times_out_at_the_deadline():
-    ours, theirs = socket.socketpair()
-    with ours, theirs:
-        started = time.monotonic()
-        with pytest.raises(TimeoutError):
-            Replies(ours, started + 0.2, b":1").read(1)  # the rest of the line never comes
-        assert 0.15 < time.monotonic() - started < 1.0
+@pytest.mark.parametrize(
+    "stream",
+    [b"%1\r\n", b"$x\r\n", b"$10\r\nhalf"],  # RESP3 (ours speak RESP2), garbage, cut short
+)
+def test_a_reply_garbled_or_cut_short_is_a_store_error(scripted, stream):
+    scripted.answer(stream)
+    store = scripted.store()
+    with pytest.raises(StoreError) as caught:
+        _pipeline(store, 1, timeout=0.5 if stream.startswith(b"$10") else 5)
+    assert caught.value.__cause__ is not None
+    assert store._pool(None).idle() == 0  # discarded
+
+
+def test_a_reply_cut_short_by_a_close_is_a_store_error():
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            while (data := conn.recv(65536)) and b"PING" not in data:
+                conn.sendall(b"+OK\r\n" * data.count(b"CLIENT"))
+            conn.sendall(b"$10\r\nhalf")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    with listener:
+        store = RedisStore(url=f"redis://127.0.0.1:{listener.getsockname()[1]}/0")
+        with pytest.raises(StoreError) as caught:
+            _pipeline(store, 1)
+        assert isinstance(caught.value.__cause__, redis.exceptions.ConnectionError)
+        assert not isinstance(caught.value, StoreTimeoutError)
+    thread.join(timeout=5)
+
+
+def test_a_reply_that_never_comes_times_out_at_the_deadline(scripted):
+    scripted.answer(b":1")  # the rest of the line never comes
+    store = scripted.store()
+    started = time.monotonic()
+    with pytest.raises(StoreTimeoutError):
+        _pipeline(store, 1, timeout=0.2)
+    assert 0.15 < time.monotonic() - started < 1.0
 
 
 @pytest.mark.redis

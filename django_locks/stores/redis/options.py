@@ -1,0 +1,166 @@
+"""The Redis store's options (``LOCKS["OPTIONS"]``) and the ``CACHES`` entry it may borrow from."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from redis.backoff import NoBackoff
+from redis.connection import Connection, parse_url
+from redis.retry import Retry
+
+from django_locks.durations import Duration, timeout_seconds
+
+CACHE_BACKENDS = ("django_redis.cache.RedisCache", "django.core.cache.backends.redis.RedisCache")
+# Options of the cache that are ours to decide (timeouts, pool size) or meaningless to a
+# redis-py connection; the rest (db, username, password, ssl_*) are taken as they are.
+_CACHE_IGNORED = {"pool_class", "parser_class", "socket_timeout", "socket_connect_timeout"}
+_CACHE_IGNORED |= {"max_connections", "retry", "retry_on_timeout", "health_check_interval"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The store's options, checked; ``connection_kwargs`` are what each redis-py
+    ``Connection`` of the store is built with (its connect timeout is added per connection)."""
+
+    url: str
+    cache: str | None
+    prefix: str
+    socket_timeout: float
+    socket_connect_timeout: float
+    max_connections: int
+    cluster: bool
+    extra: dict[str, Any]  # the cache's connection options, for the Cluster's discovery
+    connection_class: type[Any]
+    connection_kwargs: dict[str, Any]
+
+
+def parse(
+    *,
+    url: str | None,
+    cache: str | None,
+    prefix: str,
+    socket_timeout: Duration,
+    socket_connect_timeout: Duration,
+    max_connections: int,
+    cluster: bool,
+) -> Options:
+    """Check the options of ``RedisStore`` (``ImproperlyConfigured`` naming the option, the rule
+    and the value); no I/O."""
+    if (url is None) == (cache is None):
+        raise ImproperlyConfigured(
+            "RedisStore needs exactly one of the options 'url' (a Redis URL such as "
+            "'redis://localhost:6379/0') or 'cache' (an alias of a Redis cache in CACHES)."
+        )
+    if not isinstance(prefix, str) or not prefix or {"{", "}"} & set(prefix):
+        raise ImproperlyConfigured(
+            f"RedisStore option 'prefix' must be a non-empty string without braces, got "
+            f"{prefix!r}: set it to a name such as 'myproject_locks'."
+        )
+    if isinstance(max_connections, bool) or not isinstance(max_connections, int):
+        raise ImproperlyConfigured(
+            f"RedisStore option 'max_connections' must be an int, got {max_connections!r}."
+        )
+    if max_connections < 1:
+        raise ImproperlyConfigured(
+            f"RedisStore option 'max_connections' must be at least 1, got {max_connections}."
+        )
+    if not isinstance(cluster, bool):
+        raise ImproperlyConfigured(f"RedisStore option 'cluster' must be a bool, got {cluster!r}.")
+    try:
+        read_timeout = timeout_seconds(socket_timeout, name="socket_timeout")
+        connect_timeout = timeout_seconds(socket_connect_timeout, name="socket_connect_timeout")
+    except (TypeError, ValueError) as exc:
+        raise ImproperlyConfigured(f"RedisStore option {exc}") from exc
+    if cache is not None:
+        url, extra = from_cache(cache)
+    else:
+        extra = {}
+    if not isinstance(url, str):
+        raise ImproperlyConfigured(f"RedisStore option 'url' must be a string, got {url!r}.")
+    try:
+        # The URL wins over the cache's options, as in redis-py's from_url.
+        options = {**extra, **parse_url(url)}  # type: ignore[no-untyped-call]
+    except (ValueError, TypeError) as exc:
+        raise ImproperlyConfigured(
+            f"RedisStore option 'url' is not a Redis URL ({exc}): use "
+            "'redis://[[username]:password@]host:port/db', 'rediss://...' or 'unix://path'."
+        ) from exc
+    options.pop("max_connections", None)  # the store's own option, not the URL's
+    connection_class: type[Any] = options.pop("connection_class", Connection)
+    connection_kwargs = {
+        **options,
+        # The bound of a read is the call's deadline, kept by the watchdog (SPEC section 4:
+        # never by the thread doing the I/O); a call may be given longer than socket_timeout.
+        "socket_timeout": None,
+        # One attempt per call: retrying is the caller's decision, within its deadline.
+        "retry": Retry(NoBackoff(), 0),
+        # RESP2: the server sends nothing but the replies to what was asked (no RESP3 push
+        # messages), so a call's replies are read in step.
+        "protocol": 2,
+    }
+    return Options(
+        url=url,
+        cache=cache,
+        prefix=prefix,
+        socket_timeout=read_timeout,
+        socket_connect_timeout=connect_timeout,
+        max_connections=max_connections,
+        cluster=cluster,
+        extra=extra,
+        connection_class=connection_class,
+        connection_kwargs=connection_kwargs,
+    )
+
+
+def from_cache(alias: str) -> tuple[str, dict[str, Any]]:
+    """The URL and connection options of the Redis cache ``alias``, read from settings only."""
+    caches = getattr(settings, "CACHES", {})
+    if alias not in caches:
+        raise ImproperlyConfigured(
+            f"RedisStore option 'cache' names {alias!r}, which is not in CACHES "
+            f"({', '.join(map(repr, caches)) or 'none defined'}): name a Redis cache, or use 'url'."
+        )
+    config = caches[alias]
+    if config.get("BACKEND") not in CACHE_BACKENDS:
+        raise ImproperlyConfigured(
+            f"RedisStore option 'cache' names {alias!r}, whose BACKEND {config.get('BACKEND')!r} "
+            f"is not a Redis cache: use one of {', '.join(CACHE_BACKENDS)}, or the 'url' option."
+        )
+    location = config.get("LOCATION")
+    if isinstance(location, list | tuple):
+        # Both backends write to the first location; the others are read replicas.
+        location = location[0] if location else None
+    if not isinstance(location, str) or not location:
+        location = None
+    if location and "," in location:
+        location = location.split(",")[0]
+    if location is None:
+        raise ImproperlyConfigured(
+            f"The cache {alias!r} has no LOCATION: set it to a Redis URL, or use 'url'."
+        )
+    options = dict(config.get("OPTIONS") or {})
+    if config["BACKEND"].startswith("django_redis"):
+        extra = dict(options.get("CONNECTION_POOL_KWARGS") or {})
+        for name in ("PASSWORD", "USERNAME"):
+            if name in options:
+                extra[name.lower()] = options[name]
+    else:
+        extra = {k: v for k, v in options.items() if k == k.lower()}
+    return location, {k: v for k, v in extra.items() if k not in _CACHE_IGNORED}
+
+
+def redact(url: str | None) -> str:
+    """``url`` without its credentials, for messages and ``repr``."""
+    if url and "@" in url:
+        scheme, _, rest = url.partition("://")
+        return f"{scheme}://***@{rest.rpartition('@')[2]}"
+    return url or ""
+
+
+def where(kwargs: dict[str, Any], node: tuple[str, int] | None) -> str:
+    """The server a connection goes to, as people read it (``127.0.0.1:6379``, a socket path)."""
+    host, port = node or (kwargs.get("host"), kwargs.get("port"))
+    return f"{host}:{port}" if host else str(kwargs.get("path"))

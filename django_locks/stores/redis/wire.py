@@ -1,0 +1,252 @@
+"""The Redis store's wire: its own connections, on redis-py's public API, and its calls.
+
+A connection is a redis-py ``Connection``; a call is ``send_packed_command`` of bytes packed
+once and ``read_response`` of each reply, one round trip. The call's deadline is kept by the
+process's watchdog (``stores/runtime.py``), never by the thread doing the I/O: at the deadline
+it calls the connection's public ``disconnect()``, the blocked read fails at once, the call
+raises ``StoreTimeoutError`` and the connection is discarded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from typing import Any
+
+import redis.exceptions
+
+from django_locks.exceptions import StoreError, StoreTimeoutError
+from django_locks.stores import runtime
+from django_locks.stores.redis.scripts import Script, pack, script_load, verb
+
+ERRORS = (redis.exceptions.RedisError, OSError)
+_ASKING = pack("ASKING")
+
+
+class Link:
+    """One connection of a pool, and the call running on it (a ``runtime.Call``).
+
+    Holds a redis-py ``Connection``, made anew when the previous one failed or the server closed
+    it, each made with a connect timeout no longer than the call's time left."""
+
+    __slots__ = ("__weakref__", "conn", "deadline", "fired", "pool")
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+        self.conn: Any = None
+        self.deadline = 0.0
+        self.fired = False
+
+    def abandon(self) -> None:
+        # The watchdog thread, at the deadline: disconnect() shuts the socket down, so the send
+        # or read blocked on it in the caller's thread fails at once. redis-py's own cleanup in
+        # that thread may race with this one; whichever comes second finds nothing to close.
+        conn = self.conn
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.disconnect()
+
+    def handshake(self, conn: Any) -> None:
+        """redis-py's handshake (``AUTH``, ``SELECT``, ...), refused once the call was
+        abandoned: a ``Connection`` reconnects by itself in ``send_packed_command``, and a call
+        past its deadline must not start over."""
+        if self.fired:
+            raise redis.exceptions.ConnectionError("The call was abandoned at its deadline.")
+        conn.on_connect()
+
+    def ready(self, deadline: float) -> Any:
+        """The connection, connected: a pooled one the server has closed meanwhile (a
+        restart, ``CLIENT KILL``, an idle timeout) reads as EOF at once, before anything was
+        sent, and is replaced, so that no call is lost to it."""
+        conn = self.conn
+        if conn is not None:
+            try:
+                if not conn.can_read(0):
+                    return conn
+            except ERRORS:
+                pass
+            self.close()
+        pool = self.pool
+        connect_timeout = min(pool.connect_timeout, max(deadline - time.monotonic(), 0.001))
+        conn = self.conn = pool.connection_class(
+            **pool.kwargs, socket_connect_timeout=connect_timeout, redis_connect_func=self.handshake
+        )
+        conn.connect()
+        return conn
+
+    def close(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.disconnect()
+
+
+class Pool:
+    """At most ``size`` connections to one server (``where``: ``host:port`` or a socket path),
+    for one process; callers wait their deadline for one."""
+
+    def __init__(
+        self,
+        where: str,
+        kwargs: dict[str, Any],
+        connection_class: type[Any],
+        connect_timeout: float,
+        size: int,
+    ) -> None:
+        self.where = where
+        self.what = f"Redis at {where}"  # in error messages
+        self.kwargs = kwargs
+        self.connection_class = connection_class
+        self.connect_timeout = connect_timeout
+        self._idle: list[Link] = []
+        self._size = size
+        self._open = 0  # links made and not discarded: idle or in use
+        self._waiting = 0
+        self._cond = threading.Condition(threading.Lock())
+
+    def idle(self) -> int:
+        return len(self._idle)
+
+    def call(self, command: bytes, deadline: float, script: Script | None = None) -> Any:
+        """Run ``command`` (in RESP) before ``deadline`` and return its reply; a ``script``
+        call loads its script on NOSCRIPT and runs again.
+
+        Raises ``AskError`` (a Cluster redirection) as it is, every other failure as a
+        ``StoreError`` chained to redis-py's error (``StoreTimeoutError`` at the deadline). A
+        connection that failed or was abandoned is discarded; one that got an error reply is in
+        step and goes back to the pool."""
+        link = self._get(deadline)
+        dog = runtime.watchdog()
+        dog.watch(link, deadline)
+        try:
+            conn = link.ready(deadline)
+            try:
+                conn.send_packed_command((command,), check_health=False)
+                reply = conn.read_response()
+            except redis.exceptions.NoScriptError:
+                # The server restarted or ran SCRIPT FLUSH: the script never ran, so loading
+                # it and sending the same call again cannot run it twice (one round trip).
+                if script is None:
+                    raise
+                conn.send_packed_command((script_load(script) + command,), check_health=False)
+                conn.read_response()
+                reply = conn.read_response()
+        except BaseException as exc:
+            error = self._failed(link, dog.unwatch(link), exc, command)
+            if error is exc:
+                raise
+            raise error from exc
+        self._done(link, dog.unwatch(link))
+        return reply
+
+    def asking(self, command: bytes, deadline: float, script: Script | None = None) -> Any:
+        """``command`` after ``ASKING`` in the same write (a Cluster slot migrating to this
+        node: the one command is served here); one round trip."""
+        replies = self.pipeline([_ASKING, command], deadline)
+        reply = replies[1]
+        if isinstance(reply, redis.exceptions.NoScriptError) and script is not None:
+            reply = self.pipeline([_ASKING, script_load(script), _ASKING, command], deadline)[3]
+        if isinstance(reply, redis.exceptions.AskError):
+            raise reply
+        if isinstance(reply, BaseException):
+            raise runtime.translated(reply, self.what, timed_out=False) from reply
+        return reply
+
+    def pipeline(self, commands: list[bytes], deadline: float) -> list[Any]:
+        """Send ``commands`` (in RESP) in one write and read their replies (an error reply
+        comes back as its exception, in place): one round trip."""
+        link = self._get(deadline)
+        dog = runtime.watchdog()
+        dog.watch(link, deadline)
+        try:
+            conn = link.ready(deadline)
+            conn.send_packed_command((b"".join(commands),), check_health=False)
+            replies: list[Any] = []
+            for _ in commands:
+                try:
+                    replies.append(conn.read_response())
+                except redis.exceptions.ResponseError as exc:
+                    replies.append(exc)  # read whole: the connection is still in step
+        except BaseException as exc:
+            error = self._failed(link, dog.unwatch(link), exc, commands[0])
+            if error is exc:
+                raise
+            raise error from exc
+        self._done(link, dog.unwatch(link))
+        return replies
+
+    def _failed(self, link: Link, fired: bool, exc: BaseException, command: bytes) -> BaseException:
+        """What a failed call raises, its connection back in the pool or discarded."""
+        if isinstance(exc, redis.exceptions.ResponseError) and not fired:
+            self._put(link)  # an error reply: the connection is in step
+            if isinstance(exc, redis.exceptions.AskError):
+                return exc
+            return runtime.translated(exc, self.what, timed_out=False)
+        self._discard(link)
+        if isinstance(exc, StoreError):
+            return exc
+        if fired or isinstance(exc, Exception):
+            # Any error of the I/O (redis-py's, or its parser's on a garbled reply) is the
+            # store's failure, never an answer. redis-py's own TimeoutError comes from a
+            # connect timeout cut to the call's time left: the deadline, too.
+            timed_out = fired or isinstance(exc, redis.exceptions.TimeoutError)
+            what = f"{self.what} ({verb(command)})"
+            return runtime.translated(exc, what, timed_out=timed_out)
+        return exc
+
+    def _done(self, link: Link, fired: bool) -> None:
+        if fired:
+            self._discard(link)  # the watchdog disconnected it just after the reply came
+        else:
+            self._put(link)
+
+    def _get(self, deadline: float) -> Link:
+        """A link (not connected yet when new); ``StoreTimeoutError`` past ``deadline``."""
+        if deadline <= time.monotonic():
+            raise StoreTimeoutError(
+                f"The call's timeout had passed before it was sent to {self.what}."
+            )
+        try:
+            return self._idle.pop()  # atomic: the usual case takes no lock
+        except IndexError:
+            pass
+        with self._cond:
+            while True:
+                try:
+                    return self._idle.pop()
+                except IndexError:
+                    pass
+                if self._open < self._size:
+                    self._open += 1
+                    return Link(self)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise StoreTimeoutError(
+                        f"No free connection to {self.what} before the call's timeout."
+                    )
+                self._waiting += 1
+                try:
+                    self._cond.wait(left)
+                finally:
+                    self._waiting -= 1
+
+    def _put(self, link: Link) -> None:
+        with self._cond:
+            self._idle.append(link)
+            if self._waiting:
+                self._cond.notify()
+
+    def _discard(self, link: Link) -> None:
+        link.close()
+        with self._cond:
+            self._open -= 1
+            if self._waiting:
+                self._cond.notify()
+
+    def close(self) -> None:
+        """Close the idle connections (those in use close when they fail, or stay pooled)."""
+        with self._cond:
+            idle, self._idle = self._idle, []
+            self._open -= len(idle)
+        for link in idle:
+            link.close()
