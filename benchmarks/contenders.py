@@ -14,7 +14,6 @@ import zlib
 from typing import Any
 
 from benchmarks.measure import Contender, Handoff, async_handoff
-from django_locks.stores.database import PG_ACQUIRE_CALL, PG_RELEASE_CALL
 
 EXPIRY_S = 30
 
@@ -291,6 +290,11 @@ WITH freed AS (
     RETURNING key)
 SELECT pg_notify('{RAW_CHANNEL}', key) FROM freed
 """
+# The SQL functions of django_locks' migration 0002 (a migration is frozen: so are they), and
+# the channel django_locks_release() notifies.
+PG_ACQUIRE_CALL = "SELECT django_locks_acquire(%s, %s, %s, %s::bigint)"
+PG_RELEASE_CALL = "SELECT django_locks_release(%s, %s)"
+STORE_CHANNEL = "django_locks_released"
 
 
 def pg_connect(dsn: dict[str, Any]) -> Any:
@@ -372,6 +376,46 @@ class RawLeaseSession(PgSession):
 
     def release(self, handle: Any) -> None:
         self.conn.execute(RAW_RELEASE, {"key": handle, "owner": self.owner}).fetchall()
+
+
+class StoreSqlLeaseSession(PgSession):
+    """A raw psycopg lease on the store's own SQL (its functions, which notify on release):
+    the same lease protocol and server work as django_locks, without its Python. A waiter
+    ``LISTEN``s on its own connection from its first wait on and retries when notified; a
+    session that never waited listens to nothing (as django_locks' store, whose one
+    listening session per process opens on the first wait)."""
+
+    def __init__(self, dsn: dict[str, Any]) -> None:
+        super().__init__(dsn)
+        self.owner = f"raw-sql-{id(self)}"
+        self.listening = False
+
+    def _try(self, key: str) -> bool:
+        args = (key, self.owner, "bench-raw-sql", EXPIRY_S * 1000)
+        return self.conn.execute(PG_ACQUIRE_CALL, args).fetchone()[0] is not None
+
+    def pair(self, key: str) -> None:
+        if not self._try(key):
+            raise RuntimeError(f"{key!r} was taken")
+        self.release(key)
+
+    def acquire(self, key: str) -> Any:
+        while not self._try(key):
+            if not self.listening:
+                self.conn.execute(f"LISTEN {STORE_CHANNEL}")
+                self.listening = True
+                continue  # released before the LISTEN took effect: try again at once
+            for notice in self.conn.notifies(timeout=1.0):
+                if notice.payload == key:
+                    break
+        return key
+
+    def release(self, handle: Any) -> None:
+        self.conn.execute(PG_RELEASE_CALL, (handle, self.owner)).fetchone()
+
+
+def store_sql_lease(name: str, dsn: dict[str, Any]) -> Contender:
+    return Contender(name, lambda: StoreSqlLeaseSession(dsn))
 
 
 class SqlFunctionSession(PgSession, PairOnly):

@@ -5,13 +5,18 @@ PostgreSQL runs with its default durability: the test suite's cluster turns ``fs
 reload, then checked): the floor must be real committed writes. redis-server runs with
 ``appendonly no`` (Redis's default) and no snapshots during the run; the durable configuration
 django_locks' checks ask for (``appendfsync always``) is measured in a section of its own.
+
+:class:`Placement` pins the benchmark's own process to one core and the servers to another
+(``sched_setaffinity``, what ``taskset`` does): a server on other hardware, whose CPU the client
+does not share, so that what the client costs per operation shows in its throughput.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from tests.servers import find_binary, wait_until
@@ -128,3 +133,92 @@ def servers(stores: set[str]) -> Iterator[dict[str, Any]]:
     finally:
         for server in started.values():
             server.destroy()
+
+
+# Where the processes run: pinned (client and servers on cores of their own) or not.
+
+CLIENT_CPU = 0
+SERVER_CPU = 1
+
+
+def _tasks(pid: int) -> list[int]:
+    """The threads of process ``pid`` (``sched_setaffinity`` pins one thread at a time)."""
+    try:
+        return [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+    except FileNotFoundError:
+        return []
+
+
+def _descendants(root: int) -> list[int]:
+    """``root`` and every process under it (PostgreSQL's backends and workers)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as fh:
+                # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, ()))
+    return found
+
+
+def _pin(pids: Iterable[int], cpus: set[int]) -> None:
+    for pid in pids:
+        for tid in _tasks(pid):
+            with contextlib.suppress(ProcessLookupError):  # a thread or backend that just ended
+                os.sched_setaffinity(tid, cpus)
+
+
+class Placement:
+    """Pins this process to ``CLIENT_CPU`` and the servers to ``SERVER_CPU``, or undoes it.
+
+    Every thread of each process is pinned, so threads started before (the lock's timer thread,
+    the store's watchdog) follow; threads and PostgreSQL backends started later inherit the
+    pinning of the thread or postmaster that starts them. Pinning needs two cores: with fewer,
+    :attr:`possible` is false and :meth:`pinned` raises."""
+
+    def __init__(self, servers: dict[str, Any]) -> None:
+        self.servers = servers
+        self.all_cpus = set(os.sched_getaffinity(0))
+        self.possible = {CLIENT_CPU, SERVER_CPU} <= self.all_cpus
+        self.is_pinned = False
+
+    def _server_pids(self) -> list[int]:
+        pids = []
+        postgres = self.servers.get("postgres")
+        if postgres is not None:
+            pids += _descendants(postgres.postmaster_pid)
+        redis = self.servers.get("redis")
+        if redis is not None and redis.process is not None:
+            pids.append(redis.process.pid)
+        return pids
+
+    def pin(self) -> None:
+        if not self.possible:
+            raise RuntimeError(f"pinning needs cores {CLIENT_CPU} and {SERVER_CPU}")
+        _pin(self._server_pids(), {SERVER_CPU})
+        _pin([os.getpid()], {CLIENT_CPU})
+        self.is_pinned = True
+
+    def unpin(self) -> None:
+        _pin(self._server_pids(), self.all_cpus)
+        _pin([os.getpid()], self.all_cpus)
+        self.is_pinned = False
+
+    @contextlib.contextmanager
+    def pinned(self, pinned: bool = True) -> Iterator[None]:
+        """Pinned (or, ``pinned=False``, unpinned) for the block; as before after it."""
+        was = self.is_pinned
+        self.pin() if pinned else self.unpin()
+        try:
+            yield
+        finally:
+            self.pin() if was else self.unpin()

@@ -50,6 +50,8 @@ class Latency:
     """Seconds per operation: all samples, median and p99."""
 
     samples: list[float]
+    cpu: float = math.nan
+    """Seconds of this process's CPU time (every thread's) per operation."""
 
     @property
     def median(self) -> float:
@@ -65,6 +67,7 @@ class Latency:
             "median_us": round(self.median * 1e6, 1),
             "p99_us": round(self.p99 * 1e6, 1),
             "samples": len(self.samples),
+            **({} if math.isnan(self.cpu) else {"cpu_us": round(self.cpu * 1e6, 1)}),
         }
 
 
@@ -77,19 +80,34 @@ def latencies(
         for _ in range(warmup):
             operation()
     samples: dict[str, list[float]] = {name: [] for name in operations}
+    cpu = dict.fromkeys(operations, 0.0)
     clock = time.perf_counter
     for _ in range(rounds):
         for name, operation in operations.items():
             record = samples[name].append
+            used = time.process_time()
             for _ in range(block):
                 start = clock()
                 operation()
                 record(clock() - start)
-    return {name: Latency(values) for name, values in samples.items()}
+            cpu[name] += time.process_time() - used
+    return {name: Latency(values, cpu[name] / len(values)) for name, values in samples.items()}
 
 
-def throughput(contender: Contender, threads: int, seconds: float, prefix: str) -> float:
-    """Acquire+release pairs per second with ``threads`` threads, each on a key of its own."""
+@dataclasses.dataclass(frozen=True)
+class Rate:
+    """Pairs per second, and this process's CPU time (every thread's) per pair."""
+
+    per_second: float
+    cpu: float
+
+    def as_dict(self) -> dict[str, float]:
+        return {"per_second": round(self.per_second), "cpu_us": round(self.cpu * 1e6, 1)}
+
+
+def throughput(contender: Contender, threads: int, seconds: float, prefix: str) -> Rate:
+    """Acquire+release pairs per second with ``threads`` threads, each on a key of its own,
+    and the process CPU time they took per pair."""
     sessions = [contender.open() for _ in range(threads)]
     for index, session in enumerate(sessions):
         session.pair(f"{prefix}:{index}")  # connect and warm up before the clock starts
@@ -114,14 +132,17 @@ def throughput(contender: Contender, threads: int, seconds: float, prefix: str) 
         worker.start()
     start.wait()
     began = time.perf_counter()
+    used = time.process_time()
     time.sleep(seconds)
     stop.set()
     for worker in workers:
         worker.join()
     elapsed = time.perf_counter() - began
+    used = time.process_time() - used
     for session in sessions:
         session.close()
-    return sum(counts) / elapsed
+    pairs = sum(counts)
+    return Rate(pairs / elapsed, used / pairs if pairs else math.nan)
 
 
 @dataclasses.dataclass

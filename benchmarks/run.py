@@ -2,9 +2,13 @@
 
 Starts a throwaway PostgreSQL (fsync on) and redis-server, measures django_locks on each store
 against the round-trip floor and the peers in the same run, prints the figures and how they
-compare with the goals of issue 10. ``--quick`` runs tiny iteration counts (the smoke test);
-``--json FILE`` also writes every figure as JSON. Counts (round trips, store calls) are exact;
-times depend on the machine: read them as ratios measured side by side.
+compare with the goals of issues 10 to 17. ``--quick`` runs tiny iteration counts (the smoke
+test); ``--json FILE`` also writes every figure as JSON; ``--pinned`` runs every section with this
+process pinned to one core and the servers to the other (a server on other hardware: the
+client's CPU per operation then shows in its throughput). Without ``--pinned``, the PostgreSQL
+16-thread throughput against a raw LISTEN/NOTIFY lease is measured both ways. Counts (round
+trips, store calls) are exact; times depend on the machine: read them as ratios measured side by
+side.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import functools
 import json
 import os
 import platform
+import statistics
 import sys
 import threading
 import time
@@ -28,6 +33,7 @@ from benchmarks import contenders, environment
 from benchmarks.measure import (
     Contender,
     Handoff,
+    Rate,
     best_of,
     handoff,
     latencies,
@@ -46,6 +52,9 @@ STORE_CALLS = "  its store calls alone"
 RAW_PING = "  2 x PING, raw socket"
 PREPARED = "  with prepared statements"
 SQL_FUNCTIONS = "  its SQL functions on psycopg"
+RAW_STORE_SQL = "raw lease on its SQL (psycopg)"
+GOAL_THREADS = 16
+GOAL_RUNS = 5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +73,7 @@ class Plan:
     renewal_settle_periods: int = 2
     renewal_periods: int = 5
     owner_calls: int = 100_000
+    goal_runs: int = GOAL_RUNS
 
 
 QUICK = Plan(
@@ -79,11 +89,17 @@ QUICK = Plan(
     renewal_settle_periods=2,
     renewal_periods=2,
     owner_calls=1000,
+    goal_runs=2,
 )
 
 
 def say(text: str = "") -> None:
     print(text, flush=True)
+
+
+def cpu(seconds: float) -> str:
+    """Process CPU time per operation, in microseconds."""
+    return us(seconds) if seconds == seconds else "-"
 
 
 # The sections, each measured on one store.
@@ -110,29 +126,129 @@ def section_latency(
                 us(latency.p99),
                 ratio(latency.median, base.median),
                 ratio(latency.p99, base.p99),
+                cpu(latency.cpu),
             ]
         )
         results["latency"][name] = {
             **latency.as_dict(),
             "ratio_to_floor": round(latency.median / base.median, 3),
         }
-    say("Uncontended acquire + release, one thread (ratios to the floor's median / p99):")
-    say(table(["", "median", "p99", "x floor", "p99 x floor"], rows))
+    say(
+        "Uncontended acquire + release, one thread (ratios to the floor's median / p99; client "
+        "CPU: this process's CPU time per pair, every thread's):"
+    )
+    say(table(["", "median", "p99", "x floor", "p99 x floor", "client CPU"], rows))
     say()
 
 
 def section_throughput(results: dict[str, Any], entries: list[Contender], plan: Plan) -> None:
     rows = []
     for contender in entries:
-        figures = {}
+        figures: dict[int, Rate] = {}
         for threads in THREADS:
             figures[threads] = throughput(
                 contender, threads, plan.throughput_seconds, f"bench:tp:{contender.name}"
             )
-        results["throughput"][contender.name] = {str(t): round(v) for t, v in figures.items()}
-        rows.append([contender.name, *(f"{figures[t]:,.0f}/s" for t in THREADS)])
-    say("Throughput: acquire + release pairs per second, each thread on a key of its own:")
+        results["throughput"][contender.name] = {
+            str(t): round(v.per_second) for t, v in figures.items()
+        }
+        results.setdefault("throughput_cpu_us", {})[contender.name] = {
+            str(t): round(v.cpu * 1e6, 1) for t, v in figures.items()
+        }
+        rows.append(
+            [
+                contender.name,
+                *(f"{figures[t].per_second:,.0f}/s ({cpu(figures[t].cpu)})" for t in THREADS),
+            ]
+        )
+    say(
+        "Throughput: acquire + release pairs per second, each thread on a key of its own (client "
+        "CPU per pair):"
+    )
     say(table(["", *(f"{t} thread{'s' if t > 1 else ''}" for t in THREADS)], rows))
+    say()
+
+
+def section_goal_throughput(
+    results: dict[str, Any],
+    placement: environment.Placement,
+    ours: Contender,
+    reference: Contender,
+    plan: Plan,
+    modes: list[bool],
+) -> None:
+    """django_locks' throughput with GOAL_THREADS threads against ``reference``'s, in
+    ``plan.goal_runs`` interleaved runs per mode (``True``: pinned); the medians compared."""
+    modes = [pinned for pinned in modes if placement.possible or not pinned]
+    rates: dict[bool, dict[str, list[Rate]]] = {
+        pinned: {ours.name: [], reference.name: []} for pinned in modes
+    }
+    for run in range(plan.goal_runs):
+        for pinned in modes:
+            order = [ours, reference] if run % 2 == 0 else [reference, ours]
+            with placement.pinned(pinned):
+                for contender in order:
+                    rates[pinned][contender.name].append(
+                        throughput(
+                            contender,
+                            GOAL_THREADS,
+                            plan.throughput_seconds,
+                            f"bench:goal:{contender.name}",
+                        )
+                    )
+    rows = []
+    figures = results["goal_throughput"] = {}
+    for pinned in modes:
+        mode = "pinned" if pinned else "unpinned"
+        found: dict[str, Any] = {}
+        for name, runs in rates[pinned].items():
+            found[name] = {
+                "per_second": round(statistics.median(r.per_second for r in runs)),
+                "cpu_us": round(statistics.median(r.cpu for r in runs) * 1e6, 1),
+                "runs": [r.as_dict() for r in runs],
+            }
+        ratios = [
+            a.per_second / b.per_second
+            for a, b in zip(rates[pinned][ours.name], rates[pinned][reference.name], strict=True)
+        ]
+        found["ratio"] = round(
+            found[ours.name]["per_second"] / found[reference.name]["per_second"], 3
+        )
+        found["run_ratios"] = [round(value, 3) for value in ratios]
+        figures[mode] = found
+        rows.append(
+            [
+                mode,
+                f"{found[ours.name]['per_second']:,}/s",
+                f"{found[reference.name]['per_second']:,}/s",
+                f"{found['ratio']:.2f}x",
+                f"{min(ratios):.2f}x to {max(ratios):.2f}x",
+                f"{found[ours.name]['cpu_us']:g} us",
+                f"{found[reference.name]['cpu_us']:g} us",
+            ]
+        )
+    if not placement.possible:
+        say("(Pinned: not possible, this machine has fewer than two cores.)")
+    say(
+        f"Throughput with {GOAL_THREADS} threads, django_locks against the {reference.name}: "
+        f"medians of {plan.goal_runs} interleaved runs (pinned: this process on core "
+        f"{environment.CLIENT_CPU}, the servers on core {environment.SERVER_CPU}):"
+    )
+    say(
+        table(
+            [
+                "",
+                ours.name,
+                "raw lease",
+                "ratio",
+                "ratio per run",
+                "CPU / pair",
+                "raw's CPU / pair",
+            ],
+            rows,
+        )
+    )
+    say("  (CPU / pair: this process's CPU time, every thread's, per acquire + release.)")
     say()
 
 
@@ -364,7 +480,9 @@ def run_redis(server: Any, plan: Plan) -> dict[str, Any]:
     return results
 
 
-def run_postgres(server: Any, plan: Plan) -> dict[str, Any]:
+def run_postgres(
+    server: Any, plan: Plan, placement: environment.Placement, modes: list[bool]
+) -> dict[str, Any]:
     from django_locks import Locks
     from django_locks.stores import DatabaseStore
 
@@ -412,6 +530,7 @@ def run_postgres(server: Any, plan: Plan) -> dict[str, Any]:
     ours = contenders.django_locks("django_locks", locks)
     floor = contenders.postgres_floor(dsn)
     advisory, raw = contenders.postgres_peers(dsn)
+    raw_sql = contenders.store_sql_lease(RAW_STORE_SQL, dsn)
     entries = [
         ours,
         contenders.store_calls(STORE_CALLS, locks.store),
@@ -419,6 +538,7 @@ def run_postgres(server: Any, plan: Plan) -> dict[str, Any]:
         contenders.sql_functions(SQL_FUNCTIONS, dsn),
         advisory,
         raw,
+        raw_sql,
     ]
     section_latency(results, floor, entries, plan.block_postgres, plan)
     say(
@@ -428,10 +548,13 @@ def run_postgres(server: Any, plan: Plan) -> dict[str, Any]:
         "   statements: possible on a direct connection only, not behind PgBouncer < 1.21;\n"
         f"   {SQL_FUNCTIONS.strip()}: the SQL functions the store calls (django_locks_acquire,\n"
         "   django_locks_release), called on a plain psycopg connection that prepares them: what\n"
-        "   the operations cost the server.)"
+        "   the operations cost the server;\n"
+        f"   {RAW_STORE_SQL}: those functions called by a raw psycopg lease, which LISTENs from\n"
+        "   its first wait on; the raw LISTEN/NOTIFY lease LISTENs on each of its connections.)"
     )
     say()
-    section_throughput(results, [floor, ours, advisory, raw], plan)
+    section_throughput(results, [floor, ours, advisory, raw, raw_sql], plan)
+    section_goal_throughput(results, placement, ours, raw_sql, plan, modes)
     blocking = Contender("pg_advisory_lock (blocking)", advisory.open)
     section_handoff(
         results,
@@ -453,7 +576,7 @@ def run_postgres(server: Any, plan: Plan) -> dict[str, Any]:
     return results
 
 
-# Against the goals of issue 10.
+# Against the goals of issues 10 to 17.
 
 GOALS = [
     ("postgres", "acquire+release <= 1.15x two committed writes"),
@@ -466,6 +589,7 @@ GOALS = [
     ("redis", "1,000 held locks: <= 2 round trips per renewal period"),
     ("postgres", "owner check: 0 round trips, decorator overhead < 10 us"),
     ("redis", "owner check: 0 round trips, decorator overhead < 10 us"),
+    ("postgres", f"{GOAL_THREADS} threads, pinned: >= 0.8x a raw lease on its SQL"),
 ]
 
 
@@ -488,6 +612,15 @@ def verdicts(results: dict[str, Any]) -> list[dict[str, Any]]:
             limit = 1.2 if store == "postgres" else 1.0
             value = entry["ratio_to_reference"]
             met, shown = value <= limit, f"{value:.2f}x ({entry['median_us']:g} us)"
+        elif "pinned" in goal:
+            pinned = figures.get("goal_throughput", {}).get("pinned")
+            if pinned is None:
+                met, shown = False, "not measured (fewer than 2 cores)"
+            else:
+                value = pinned["ratio"]
+                mine = pinned["django_locks"]
+                met = value >= 0.8
+                shown = f"{value:.2f}x ({mine['per_second']:,}/s, {mine['cpu_us']:g} us CPU)"
         elif "renewal" in goal:
             value = figures["renewal"]["round_trips_per_period"]
             met = value <= 2 and figures["renewal"]["lost"] == 0
@@ -520,10 +653,15 @@ def main(argv: list[str] | None = None) -> int:
         choices=["postgres", "redis"],
         help="measure this store only (repeatable; default: both)",
     )
+    parser.add_argument(
+        "--pinned",
+        action="store_true",
+        help="pin this process to one core and the servers to the other for every section",
+    )
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else Plan()
     stores = set(args.store or ["postgres", "redis"])
-    results: dict[str, Any] = {"machine": machine(), "quick": args.quick}
+    results: dict[str, Any] = {"machine": machine(), "quick": args.quick, "pinned": args.pinned}
     info = results["machine"]
     say(
         "django_locks benchmarks"
@@ -532,20 +670,32 @@ def main(argv: list[str] | None = None) -> int:
     say(
         f"{info['date']}; Python {info['python']} on {info['platform']}, {info['cpus']} CPUs, "
         f"load average {' '.join(map(str, info['load_average']))}"
+        + (
+            f"; pinned: this process on core {environment.CLIENT_CPU}, the servers on core "
+            f"{environment.SERVER_CPU}"
+            if args.pinned
+            else ""
+        )
     )
     say()
     try:
         with environment.servers(stores) as servers:
+            placement = environment.Placement(servers)
+            if args.pinned:
+                if not placement.possible:
+                    raise environment.Unavailable("--pinned needs two cores")
+                placement.pin()
             environment.configure_django(servers.get("postgres"))
             if "postgres" in servers:
-                results["postgres"] = run_postgres(servers["postgres"], plan)
+                modes = [True] if args.pinned else [False, True]
+                results["postgres"] = run_postgres(servers["postgres"], plan, placement, modes)
             if "redis" in servers:
                 results["redis"] = run_redis(servers["redis"], plan)
     except environment.Unavailable as exc:
         say(f"Cannot run: {exc}")
         return 2
     results["goals"] = verdicts(results)
-    say("== Against the goals of issue 10 ==")
+    say("== Against the goals of issues 10 to 17 ==")
     say(
         table(
             ["store", "goal", "measured", ""],

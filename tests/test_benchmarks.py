@@ -47,7 +47,8 @@ def test_quick_run_prints_every_section_and_the_counted_figures(tmp_path: Path) 
         "Handoff:",
         "Renewal: 1,000 locks",
         "Owner check",
-        "== Against the goals of issue 10 ==",
+        "Throughput with 16 threads, django_locks against the raw lease on its SQL",
+        "== Against the goals of issues 10 to 17 ==",
     ):
         assert heading in out, heading
     results = json.loads(figures.read_text())
@@ -60,6 +61,7 @@ def test_quick_run_prints_every_section_and_the_counted_figures(tmp_path: Path) 
             "django_locks",
             "advisory lock (psycopg)",
             "raw LISTEN/NOTIFY lease",
+            "raw lease on its SQL (psycopg)",
         },
         "redis": {"floor: 2 x PING", "django_locks", "redis-py Lock"}
         | ({"python-redis-lock"} & installed)
@@ -87,9 +89,19 @@ def test_quick_run_prints_every_section_and_the_counted_figures(tmp_path: Path) 
     assert set(results["redis"]["peers_missing"]) == missing_peers
     for name in missing_peers:
         assert f"({name}: not installed" in out
-    assert len(results["goals"]) == 10
+    assert len(results["goals"]) == 11
     # The async handoff is measured beside the threaded one on each store (issue 15).
     for store in ("postgres", "redis"):
         assert ASYNC_HANDOFF in results[store]["handoff"], store
         assert results[store]["handoff"][ASYNC_HANDOFF]["ratio_to_threads"] > 0
     assert sum(g["goal"].startswith("async handoff") for g in results["goals"]) == 2
+    # Client CPU per pair is printed next to each latency, and the 16-thread goal is measured
+    # pinned (the client on one core, the servers on the other) and unpinned (issue 17).
+    assert results["postgres"]["latency"]["django_locks"]["cpu_us"] > 0
+    goal = results["postgres"]["goal_throughput"]
+    modes = {"unpinned", "pinned"} if len(os.sched_getaffinity(0)) >= 2 else {"unpinned"}
+    assert set(goal) == modes
+    for mode in modes:
+        assert len(goal[mode]["run_ratios"]) == 2  # --quick: two interleaved runs
+        assert goal[mode]["django_locks"]["cpu_us"] > 0
+    assert sum("pinned" in g["goal"] for g in results["goals"]) == 1
