@@ -19,6 +19,7 @@ from django_locks.stores.base import LeaseInfo, LockStore
 
 logger = logging.getLogger("django_locks")
 
+
 class Command(BaseCommand):
     help = (
         "See and operate the configured lock store's leases: `list` them, `release` one held "

@@ -87,7 +87,9 @@ WHERE {_LIVE}"""
 # (the next holder's acquire, say) flushes it too. Only a server crash before such a commit can
 # lose it: the lease then comes back with its old owner, which nobody renews, and lapses at its
 # ttl, as after a crash of its holder. Acquire and renew wait for the flush: a lost one could
-# hand a token out twice, or end a lease before its holder's deadline.
+# hand a token out twice, or end a lease before its holder's deadline. (The SQL comment in the
+# release's body still names stores/database.py, this module's old name: the functions' text
+# stays exactly what migration 0002 created.)
 PG_FUNCTIONS = f"""
 CREATE OR REPLACE FUNCTION django_locks_acquire(p_key text, p_owner text, p_holder text,
     p_ttl_ms bigint) RETURNS bigint LANGUAGE plpgsql AS $body$
