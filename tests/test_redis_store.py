@@ -614,3 +614,26 @@ def test_a_url_asking_for_resp3_gets_resp2_connections(redis_server):
     assert ours and {c["resp"] for c in ours} == {"2"}
     assert store.release("k", owner) is True
     store.close()
+
+
+@pytest.mark.redis
+def test_a_pooled_connection_killed_meanwhile_fails_no_call(redis_server):
+    # acquire and renew are sent again on a fresh connection (they are idempotent); release
+    # checks its pooled connection before sending. Either way no call fails, none runs twice.
+    store = RedisStore(url=redis_server.url, prefix=f"t{uuid.uuid4().hex[:8]}", max_connections=1)
+    owner = _owner()
+
+    def kill() -> None:
+        with redis_server.client() as client:
+            assert client.client_kill_filter(_type="normal", skipme=True) >= 1
+
+    token = store.acquire("k", owner, 30_000)
+    kill()
+    assert store.acquire("k", owner, 30_000) == token
+    kill()
+    assert store.renew("k", owner, 30_000)
+    kill()
+    assert store.release("k", owner) is True
+    kill()
+    assert store.acquire("k", _owner(), 30_000) is not None
+    store.clear()

@@ -117,18 +117,21 @@ return 1
 class Script(NamedTuple):
     body: str
     sha: bytes  # what EVALSHA names it by
+    idempotent: bool
+    """Run twice, it answers as run once: acquire and renew for the same owner (SPEC section
+    4), the read-only inspect; the wire may send such a call again after a connection failed."""
 
 
-def _script(body: str) -> Script:
-    return Script(body, hashlib.sha1(body.encode()).hexdigest().encode())
+def _script(body: str, *, idempotent: bool = False) -> Script:
+    return Script(body, hashlib.sha1(body.encode()).hexdigest().encode(), idempotent)
 
 
-ACQUIRE, RENEW, RELEASE = _script(ACQUIRE_SCRIPT), _script(RENEW_SCRIPT), _script(RELEASE_SCRIPT)
-FORCE_RELEASE, INSPECT, WARP = (
-    _script(FORCE_RELEASE_SCRIPT),
-    _script(INSPECT_SCRIPT),
-    _script(WARP_SCRIPT),
-)
+ACQUIRE = _script(ACQUIRE_SCRIPT, idempotent=True)
+RENEW = _script(RENEW_SCRIPT, idempotent=True)
+RELEASE = _script(RELEASE_SCRIPT)
+FORCE_RELEASE = _script(FORCE_RELEASE_SCRIPT)
+INSPECT = _script(INSPECT_SCRIPT, idempotent=True)
+WARP = _script(WARP_SCRIPT)
 
 
 # RESP, as the server reads it (the commands only: replies are read by redis-py).

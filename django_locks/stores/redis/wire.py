@@ -55,12 +55,14 @@ class Link:
             raise redis.exceptions.ConnectionError("The call was abandoned at its deadline.")
         conn.on_connect()
 
-    def ready(self, deadline: float) -> Any:
-        """The connection, connected: a pooled one the server has closed meanwhile (a
-        restart, ``CLIENT KILL``, an idle timeout) reads as EOF at once, before anything was
-        sent, and is replaced, so that no call is lost to it."""
+    def ready(self, deadline: float, *, check: bool = True) -> Any:
+        """The connection, connected. With ``check``, a pooled one the server has closed
+        meanwhile (a restart, ``CLIENT KILL``, an idle timeout) reads as EOF at once, before
+        anything was sent, and is replaced, so that no call is lost to it."""
         conn = self.conn
         if conn is not None:
+            if not check:
+                return conn
             try:
                 if not conn.can_read(0):
                     return conn
@@ -107,19 +109,29 @@ class Pool:
     def idle(self) -> int:
         return len(self._idle)
 
-    def call(self, command: bytes, deadline: float, script: Script | None = None) -> Any:
+    def call(
+        self, command: bytes, deadline: float, script: Script | None = None, *, resend: bool = True
+    ) -> Any:
         """Run ``command`` (in RESP) before ``deadline`` and return its reply; a ``script``
         call loads its script on NOSCRIPT and runs again.
+
+        A pooled connection the server has closed meanwhile (a restart, ``CLIENT KILL``, an
+        idle timeout) never fails a call: it is replaced before sending (``Link.ready``), or,
+        for an idempotent script, the call is sent again on a fresh connection when the pooled
+        one fails (the check before sending releases the GIL once more, which costs a contended
+        handoff more than a resend ever does).
 
         Raises ``AskError`` (a Cluster redirection) as it is, every other failure as a
         ``StoreError`` chained to redis-py's error (``StoreTimeoutError`` at the deadline). A
         connection that failed or was abandoned is discarded; one that got an error reply is in
         step and goes back to the pool."""
+        resend = resend and script is not None and script.idempotent
         link = self._get(deadline)
+        reused = link.conn is not None
         dog = runtime.watchdog()
         dog.watch(link, deadline)
         try:
-            conn = link.ready(deadline)
+            conn = link.ready(deadline, check=not resend)
             try:
                 conn.send_packed_command((command,), check_health=False)
                 reply = conn.read_response()
@@ -132,7 +144,16 @@ class Pool:
                 conn.read_response()
                 reply = conn.read_response()
         except BaseException as exc:
-            error = self._failed(link, dog.unwatch(link), exc, command)
+            fired = dog.unwatch(link)
+            if (
+                resend
+                and reused
+                and not fired
+                and isinstance(exc, redis.exceptions.ConnectionError)
+            ):
+                self._discard(link)
+                return self.call(command, deadline, script, resend=False)
+            error = self._failed(link, fired, exc, command)
             if error is exc:
                 raise
             raise error from exc
