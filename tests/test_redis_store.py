@@ -547,7 +547,8 @@ def test_error_replies_come_back_as_redis_py_exceptions(scripted):
     assert isinstance(noscript, redis.exceptions.NoScriptError)
     assert isinstance(moved, redis.exceptions.MovedError)
     assert (moved.slot_id, moved.host, moved.port) == (3999, "127.0.0.1", 6381)
-    assert type(other) is redis.exceptions.ResponseError and str(other) == "nope"  # redis-py drops "ERR "
+    # redis-py drops the generic "ERR " from the message.
+    assert type(other) is redis.exceptions.ResponseError and str(other) == "nope"
 
 
 def test_a_reply_out_of_step_never_answers_a_later_call(scripted):
