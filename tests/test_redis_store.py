@@ -638,3 +638,30 @@ def test_a_pooled_connection_killed_meanwhile_fails_no_call(redis_server):
     kill()
     assert store.acquire("k", _owner(), 30_000) is not None
     store.clear()
+
+
+def test_a_failed_script_load_leaves_no_reply_unread(scripted):
+    """The script flushed, then its load refused (BUSY): both replies of the load-and-call are
+    read before the error is raised, so the next call reads its own reply, not the stale one."""
+    scripted.answer(b"-NOSCRIPT No matching script.\r\n")
+    scripted.answer(
+        b"-BUSY Redis is busy running a script.\r\n",
+        b"-NOSCRIPT No matching script.\r\n",
+        commands=2,
+    )
+    scripted.answer(b"$-1\r\n")  # the next acquire: refused, the key is held
+    store = scripted.store()
+    with pytest.raises(StoreError, match="BUSY"):
+        store.acquire("a", "o1", 30_000)
+    assert store.acquire("y", "o2", 30_000) is None
+    assert scripted.connections == 1  # in step: the same connection served both
+
+
+@pytest.mark.redis
+def test_a_url_naming_its_own_connect_timeout_still_connects(redis_server):
+    store = RedisStore(url=f"{redis_server.url}?socket_connect_timeout=1")
+    try:
+        token = store.acquire("url-timeout", "o1", 30_000)
+        assert token is not None and store.release("url-timeout", "o1")
+    finally:
+        store.close()

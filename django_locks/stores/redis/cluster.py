@@ -38,13 +38,17 @@ class Topology:
     def node_for(self, name: bytes, deadline: float) -> Node:
         """The master serving ``name``'s slot, as far as this process knows."""
         slot = key_slot(name)
+        # A node failed: discover first, whatever MOVED replies were remembered (a failover
+        # moves slots without telling the slots nobody asked about).
+        client = self._discovered(deadline) if self._refresh else None
         node = self._moved.get(slot)
         if node is not None:
             return node
-        client = self._discovered(deadline)
+        client = client or self._discovered(deadline)
         try:
             found = client.get_node_from_key(name)  # type: ignore[no-untyped-call]
         except redis.exceptions.SlotNotCoveredError as exc:
+            self._refresh = True  # a map discovered mid-failover: discover it again next time
             raise StoreError(f"No Redis Cluster node serves slot {slot}.") from exc
         return (found.host, found.port)
 
@@ -84,18 +88,25 @@ class Topology:
 
     def _discovered(self, deadline: float) -> redis.cluster.RedisCluster:
         with self._lock:
-            if self._client is not None and self._refresh:
-                self._refresh = False
-                self._moved.clear()
-                stale, self._client = self._client, None
-                stale.close()
-            if self._client is None:
+            stale = self._client if self._refresh else None
+            if self._client is None or stale is not None:
                 timeout = max(min(self._connect_timeout, deadline - time.monotonic()), 0.001)
+                # Rediscovery starts from every node known, not only the URL's: the URL's node
+                # may be the master that failed.
+                known = [] if stale is None else stale.get_nodes()  # type: ignore[no-untyped-call]
+                startup = [redis.cluster.ClusterNode(node.host, node.port) for node in known]  # type: ignore[no-untyped-call]
                 with runtime.translate("Redis Cluster (discovering its topology)", ERRORS):
-                    self._client = redis.cluster.RedisCluster.from_url(
+                    client = redis.cluster.RedisCluster.from_url(
                         self._url,
                         **self._extra,
+                        **({"startup_nodes": startup} if startup else {}),
                         socket_timeout=timeout,
                         socket_connect_timeout=timeout,
                     )
+                # Only a discovery that worked replaces the map (a failed one keeps the stale
+                # map, and the next call tries again).
+                self._client, self._refresh = client, False
+                self._moved.clear()
+                if stale is not None:
+                    stale.close()
             return self._client

@@ -89,6 +89,11 @@ def parse(
             "'redis://[[username]:password@]host:port/db', 'rediss://...' or 'unix://path'."
         ) from exc
     options.pop("max_connections", None)  # the store's own option, not the URL's
+    # Set per connection by the wire (the connect timeout cut to the call's time left, the
+    # handshake that refuses a reconnect past the deadline): the store's options win over a
+    # URL's ?socket_connect_timeout=, as they did before.
+    options.pop("socket_connect_timeout", None)
+    options.pop("redis_connect_func", None)
     connection_class: type[Any] = options.pop("connection_class", Connection)
     connection_kwargs = {
         **options,

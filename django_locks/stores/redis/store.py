@@ -192,9 +192,8 @@ class RedisStore(LockStore):
             # The server ends the BLPOP at the timeout; the call gets a second more to say so.
             deadline = time.monotonic() + max(left, 0) + 1
             try:
-                node = self._node_for(wakeup, deadline)
                 command = scripts.pack("BLPOP", wakeup, max(left, 0.001))
-                reply = self._pool(node, "wait").call(command, deadline)
+                reply = self._wait_call(wakeup, command, deadline)
             except StoreError as exc:
                 if isinstance(exc, StoreTimeoutError) and time.monotonic() >= give_up:
                     return False  # no free wait connection (or no answer) before the timeout
@@ -327,11 +326,27 @@ class RedisStore(LockStore):
 
         return self._process.get().cluster().routed(name, deadline, send)
 
-    def _on_node(self, node: Node | None, call: Any) -> Any:
-        """``call(pool)`` on ``node``'s pool; a Cluster node that failed (not an error reply)
-        has the topology discovered again before the next call."""
+    def _wait_call(self, wakeup: bytes, command: bytes, deadline: float) -> Any:
+        """A BLPOP on the server serving ``wakeup``, on a wait connection; on Redis Cluster it
+        follows MOVED and ASK as every call does (a slot migrating must not end a waiter with
+        a redirection it cannot read)."""
+        if not self.cluster:
+            return self._pool(None, "wait").call(command, deadline)
+
+        def send(node: Node, asking: bool) -> Any:
+            def on(pool: Pool) -> Any:
+                return pool.asking(command, deadline) if asking else pool.call(command, deadline)
+
+            return self._on_node(node, on, purpose="wait")
+
+        return self._process.get().cluster().routed(wakeup, deadline, send)
+
+    def _on_node(self, node: Node | None, call: Any, *, purpose: str = "ops") -> Any:
+        """``call(pool)`` on ``node``'s pool for ``purpose`` (lock calls, or waits); a Cluster
+        node that failed (not an error reply) has the topology discovered again before the
+        next call."""
         try:
-            return call(self._pool(node))
+            return call(self._pool(node, purpose))
         except StoreError as exc:
             cause = exc.__cause__  # None: no free connection, the node did not fail
             if node is not None and cause and not isinstance(cause, redis.exceptions.ResponseError):

@@ -127,10 +127,10 @@ class Pool:
         step and goes back to the pool."""
         resend = resend and script is not None and script.idempotent
         link = self._get(deadline)
-        reused = link.conn is not None
         dog = runtime.watchdog()
-        dog.watch(link, deadline)
         try:
+            reused = link.conn is not None
+            dog.watch(link, deadline)
             conn = link.ready(deadline, check=not resend)
             try:
                 conn.send_packed_command((command,), check_health=False)
@@ -141,8 +141,12 @@ class Pool:
                 if script is None:
                     raise
                 conn.send_packed_command((script_load(script) + command,), check_health=False)
-                conn.read_response()
-                reply = conn.read_response()
+                # Both replies are read before either error is raised: a connection put back
+                # with a reply still unread would hand it to the next call as its own.
+                loaded, reply = _reply(conn), _reply(conn)
+                for answer in (loaded, reply):
+                    if isinstance(answer, redis.exceptions.ResponseError):
+                        raise answer from None
         except BaseException as exc:
             fired = dog.unwatch(link)
             if (
@@ -178,16 +182,12 @@ class Pool:
         comes back as its exception, in place): one round trip."""
         link = self._get(deadline)
         dog = runtime.watchdog()
-        dog.watch(link, deadline)
         try:
+            dog.watch(link, deadline)
             conn = link.ready(deadline)
             conn.send_packed_command((b"".join(commands),), check_health=False)
-            replies: list[Any] = []
-            for _ in commands:
-                try:
-                    replies.append(conn.read_response())
-                except redis.exceptions.ResponseError as exc:
-                    replies.append(exc)  # read whole: the connection is still in step
+            # Read whole, error replies in place: the connection stays in step.
+            replies = [_reply(conn) for _ in commands]
         except BaseException as exc:
             error = self._failed(link, dog.unwatch(link), exc, commands[0])
             if error is exc:
@@ -197,6 +197,8 @@ class Pool:
         return replies
 
     def _failed(self, link: Link, fired: bool, exc: BaseException, command: bytes) -> BaseException:
+        # Every path that reads several replies reads them all before raising (_reply), so an
+        # error reply here leaves nothing unread: the connection is in step.
         """What a failed call raises, its connection back in the pool or discarded."""
         if isinstance(exc, redis.exceptions.ResponseError) and not fired:
             self._put(link)  # an error reply: the connection is in step
@@ -271,3 +273,12 @@ class Pool:
             self._open -= len(idle)
         for link in idle:
             link.close()
+
+
+def _reply(conn: Any) -> Any:
+    """One reply read off ``conn``; an error reply is returned in place, not raised, so that
+    the replies after it are read too."""
+    try:
+        return conn.read_response()
+    except redis.exceptions.ResponseError as exc:
+        return exc
