@@ -451,3 +451,16 @@ def test_connections_use_the_expected_database_driver(store):
     store.acquire(key(), "owner", 1_000)
     driver = type(store._pools.state.local.conn.raw).__module__.split(".")[0]
     assert driver == expected if expected else driver in {"psycopg", "psycopg2"}
+
+
+def test_the_parallel_runners_clone_is_made_while_a_store_holds_a_connection(store) -> None:
+    """`manage.py test --parallel` clones the test database with it as a template, which
+    PostgreSQL refuses while anybody is connected to it: the store lets go first."""
+    assert store.acquire(f"clone:{uuid.uuid4().hex[:8]}", "o1", 60_000) is not None
+    creation = connections["postgres"].creation
+    connections["postgres"].close()  # this test's own connection, as the runner's is closed
+    creation.clone_test_db(suffix="clone1", verbosity=0, keepdb=False)
+    clone = creation.get_test_db_clone_settings("clone1")["NAME"]
+    with connections["postgres"].cursor() as cursor:
+        cursor.execute(f'DROP DATABASE "{clone}"')
+

@@ -83,24 +83,35 @@ class Watchdog:
                 time.sleep(ERROR_PAUSE)
 
     def _watch(self) -> None:
-        with self.cond:
-            while True:
+        while True:
+            with self.cond:
                 now = time.monotonic()
                 wake = math.inf
+                due = []
                 for call in list(self.watched):
                     if call.deadline <= now:
+                        # Marked under the lock: the caller's unwatch() then knows its call
+                        # was abandoned, and never reuses its connection.
                         self.watched.discard(call)
                         call.fired = True
-                        try:
-                            call.abandon()
-                        except Exception:
-                            logger.exception("django_locks watchdog: abandoning a call failed")
+                        due.append(call)
                     else:
                         wake = min(wake, call.deadline)
-                self.wake_at = wake
-                # Capped: a deadline days away is waited for an hour at a time, never past
-                # threading.TIMEOUT_MAX.
-                self.cond.wait(min(wake - now, MAX_WAIT))
+                if not due:
+                    self.wake_at = wake
+                    # Capped: a deadline days away is waited for an hour at a time, never past
+                    # threading.TIMEOUT_MAX.
+                    self.cond.wait(min(wake - now, MAX_WAIT))
+                    continue
+                self.wake_at = -math.inf  # awake: it looks again once these are abandoned
+            # Outside the lock: abandoning a call may take a while (a cancel request, a grace
+            # before the shutdown), and neither the other due calls nor watch()/unwatch() of
+            # every store call in the process may wait for it.
+            for call in due:
+                try:
+                    call.abandon()
+                except Exception:
+                    logger.exception("django_locks watchdog: abandoning a call failed")
 
 
 class ProcessLocal(Generic[T]):

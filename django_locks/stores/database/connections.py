@@ -96,8 +96,11 @@ class StoreConnection:
         """Watchdog side, at the deadline, while the call still runs on another thread."""
         self.fired = True
         if self.vendor == "sqlite":
-            if self.owned:
-                self.raw.interrupt()
+            if self.owned and not self.closed:
+                # The call may have ended (and its connection been closed) just now: the
+                # watchdog abandons outside its lock, after marking the call fired.
+                with contextlib.suppress(Exception):
+                    self.raw.interrupt()
             return
         # First the cancel request, from a thread of its own (it is network I/O): the server
         # stops the statement instead of leaving it queued behind a row lock. It must go out

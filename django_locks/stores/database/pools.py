@@ -292,8 +292,13 @@ class Pools:
         conn.name = backend.settings_dict["NAME"]
         conn.busy = True
         with state.lock:
-            # Connections of threads that ended are closed here rather than left to the GC.
-            dead = [c for c in state.conns if not c.busy and not c.thread.is_alive()]
+            # The per-thread connections of threads that ended are closed here rather than left
+            # to the GC. Not an idle pooled one: it belongs to no thread, and another thread
+            # may take it from the pool at any moment.
+            idle = set(state.idle)
+            dead = [
+                c for c in state.conns if not c.busy and not c.thread.is_alive() and c not in idle
+            ]
             state.conns.difference_update(dead)
             state.conns.add(conn)
         for old in dead:

@@ -7,6 +7,7 @@ Each method states its operation once and runs it through the dialect of the ali
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -81,6 +82,7 @@ class DatabaseStore(LockStore):
             )
         self.listen_using: str | None = listen_using or None
         self._listener: Listener | None = None
+        self._listener_lock = threading.Lock()  # held for a constructor's few lines only
         for message in configuration_messages(using):
             raise ImproperlyConfigured(f"{message.msg} {message.hint}")
         self._pools = Pools(self)
@@ -167,7 +169,12 @@ class DatabaseStore(LockStore):
             raise NotImplementedError
         listener = self._listener
         if listener is None or listener.pid != os.getpid():
-            listener = self._listener = Listener(self.listen_using, self.timeout)
+            # One per store and process: two made at once, one would be lost with its session
+            # open (close() could not reach it, and a test database could not be dropped).
+            with self._listener_lock:
+                listener = self._listener
+                if listener is None or listener.pid != os.getpid():
+                    listener = self._listener = Listener(self.listen_using, self.timeout)
         return listener.wait(key, timeout)
 
     # Life cycle and diagnostics.

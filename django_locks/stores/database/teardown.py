@@ -50,9 +50,10 @@ def track(store: DatabaseStore) -> None:
 
 
 def install() -> None:
-    """Wrap ``create_test_db`` and ``destroy_test_db`` of ``BaseDatabaseCreation``, once."""
+    """Wrap ``create_test_db``, ``clone_test_db`` and ``destroy_test_db`` of
+    ``BaseDatabaseCreation``, once."""
     with _INSTALL_LOCK:
-        for name in ("create_test_db", "destroy_test_db"):
+        for name in ("create_test_db", "clone_test_db", "destroy_test_db"):
             method = getattr(BaseDatabaseCreation, name)
             if not getattr(method, _MARK, False):
                 setattr(BaseDatabaseCreation, name, _wrap(method, name))
@@ -66,7 +67,9 @@ def _wrap(method: Callable[..., Any], name: str) -> Callable[..., Any]:
         # Keyword names as Django's own signature has them (5.2 to 6.1: keepdb, suffix).
         arguments = signature.bind(self, *args, **kwargs).arguments
         suffix = arguments.get("suffix")
-        if suffix is None:
+        if suffix is None or name == "clone_test_db":
+            # A clone (the parallel runner's) is made from the test database as a template,
+            # which PostgreSQL refuses while anybody is connected to it.
             database = self.connection.settings_dict["NAME"]
         else:  # a clone of the parallel runner: only its workers' stores used it
             database = self.get_test_db_clone_settings(suffix)["NAME"]
