@@ -463,4 +463,3 @@ def test_the_parallel_runners_clone_is_made_while_a_store_holds_a_connection(sto
     clone = creation.get_test_db_clone_settings("clone1")["NAME"]
     with connections["postgres"].cursor() as cursor:
         cursor.execute(f'DROP DATABASE "{clone}"')
-
