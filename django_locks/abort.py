@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import threading
+import time
 from collections.abc import Callable
 
 from django_locks.exceptions import AbortedError
@@ -13,6 +15,9 @@ from django_locks.exceptions import AbortedError
 logger = logging.getLogger("django_locks")
 
 Callback = Callable[["AbortSignal"], object]
+
+_MAX_WAIT = 3600.0
+"""Seconds of one wait at most (``threading.TIMEOUT_MAX`` is far beyond, but finite)."""
 
 
 class AbortSignal:
@@ -57,7 +62,20 @@ class AbortSignal:
             if self._event is None:
                 self._event = threading.Event()
             event = self._event
-        return event.wait(timeout)
+        if timeout is None or timeout == math.inf:
+            return event.wait()
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or math.isnan(timeout):
+            raise TypeError(f"`timeout` must be a number of seconds or None, got {timeout!r}")
+        try:
+            seconds = max(float(timeout), 0.0)
+        except OverflowError:  # an int too large for a float: forever, as far as anyone waits
+            return event.wait()
+        # Waited in slices: no timeout, however large, reaches the lock as an overflow.
+        give_up = time.monotonic() + seconds
+        while not event.wait(max(min(give_up - time.monotonic(), _MAX_WAIT), 0.0)):
+            if time.monotonic() >= give_up:
+                return False
+        return True
 
     async def wait_async(self, timeout: float | None = None) -> bool:
         """Like :meth:`wait` without blocking the event loop; return :attr:`aborted`."""

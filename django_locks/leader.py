@@ -225,19 +225,40 @@ class Campaign:
         self.wake.clear()
         lock.signal.add_callback(lambda _: self.wake.set())
         outcome: dict[str, Any] = {}
+        # A daemon: work that overstays the grace must not keep run_leader from exiting (its
+        # lease is released by then, so another replica's term starts).
         worker = threading.Thread(
-            target=self._work, args=(lock, outcome), name=f"django_locks-leader:{self.key}"
+            target=self._work,
+            args=(lock, outcome),
+            name=f"django_locks-leader:{self.key}",
+            daemon=True,
         )
-        worker.start()
-        while True:
-            if self.stopping.is_set():
-                return self._shut_down(lock, worker)
-            if lock.signal.aborted:
-                return self._lost(lock, worker)
-            if "done" in outcome and (not self.election.is_class or "error" in outcome):
-                return self._step_down(lock, worker, "raised" if "error" in outcome else "returned")
-            self.wake.wait(1.0)
-            self.wake.clear()
+        try:
+            worker.start()
+            while True:
+                if self.stopping.is_set():
+                    return self._shut_down(lock, worker)
+                if lock.signal.aborted:
+                    return self._lost(lock, worker)
+                if "done" in outcome and (not self.election.is_class or "error" in outcome):
+                    ended = "raised" if "error" in outcome else "returned"
+                    return self._step_down(lock, worker, ended)
+                self.wake.wait(1.0)
+                self.wake.clear()
+        except BaseException:
+            # Whatever failed here (a report to a closed stdout, a thread that cannot start),
+            # the term ends: the work is told, the lease handed back, the end announced.
+            if lock.held:
+                self.finished_in_time = False
+                lock.signal.abort(AbortedError(f"the campaign for {self.key} failed"))
+                if worker.is_alive():
+                    worker.join(self.grace)
+                self._release(lock)
+                try:
+                    self._ended(lock, "released")
+                except Exception:
+                    logger.exception("Announcing the end of the term of %s failed", self.key)
+            raise
 
     def _work(self, lock: Lock, outcome: dict[str, Any]) -> None:
         close_old_connections()
@@ -349,7 +370,8 @@ def run(
         for key in keys
     ]
     threads = [
-        threading.Thread(target=c.run, name=f"django_locks-campaign:{c.key}") for c in campaigns
+        threading.Thread(target=c.run, name=f"django_locks-campaign:{c.key}", daemon=True)
+        for c in campaigns
     ]
     for thread in threads:
         thread.start()

@@ -6,7 +6,6 @@ import atexit
 import logging
 import threading
 
-from django_locks.exceptions import LocksError
 from django_locks.lock import Lock
 
 logger = logging.getLogger("django_locks")
@@ -41,7 +40,7 @@ def release_owner_leases() -> None:
     for lock in held:
         try:
             lock.release()
-        except LocksError as exc:
+        except Exception as exc:  # at exit even spawning may fail: every other lease goes on
             logger.warning("Handing back %r failed (%s); it lapses at its ttl", lock.key, exc)
 
 

@@ -100,8 +100,10 @@ class Keeper:
         self.deadline = sent + self.ttl * (1 - DRIFT) - MARGIN
         self._due = False
         self._renew_at = renew_at = sent + self.ttl / 3
-        _held.add(self)
+        # Joined and timed under the mutex: a batch that takes it along at once answers under
+        # the same mutex, so its timer (a renewal confirmed) is never overwritten by this one.
         with self._mutex:
+            _held.add(self)
             self._timer = clock.call_at(min(renew_at, self.deadline), self._on_timer)
 
     @property
@@ -202,7 +204,8 @@ class Keeper:
     def _answered(self, sent: float, renewed: bool, error: Exception | None) -> None:
         """The store answered the renewal sent at ``sent`` (or failed with ``error``)."""
         announce: Callable[[], None] | None = None
-        with self._mutex:
+        retry: tuple[float, float] | None = None  # logged after the mutex: a slow log handler
+        with self._mutex:  # must not hold up the timer thread, which takes it too
             self._in_flight = False
             if self.state != "held":
                 if renewed and self.state == "lost":
@@ -216,18 +219,19 @@ class Keeper:
                     self.clock.spawn(self._release_quietly)
             elif error is not None:
                 retry_in = min(self.ttl / 10, 1.0)
-                logger.warning(
-                    "Renewing lock %r failed (%s); retrying in %.2fs until its deadline in %.2fs",
-                    self.key,
-                    error,
-                    retry_in,
-                    self.deadline - now,
-                )
+                retry = (retry_in, self.deadline - now)
                 self._schedule_renewal(now + retry_in)
             elif not renewed:
                 announce = self._lose("renewal")
             else:
                 self._confirmed(sent)
+        if retry is not None:
+            logger.warning(
+                "Renewing lock %r failed (%s); retrying in %.2fs until its deadline in %.2fs",
+                self.key,
+                error,
+                *retry,
+            )
         if announce is not None:
             announce()
 

@@ -191,7 +191,7 @@ def run_command(spec: JobSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
             if lock is None:
                 _command_skipped(spec, command, run_key, IN_PROGRESS, "its lease expires")
                 if owner is not None:
-                    owner.release()
+                    _release(owner)  # a store error is logged: the skip still exits 0
                 return None
         unlink = _link(owner, lock) if lock is not None else (lambda: None)
         try:
@@ -215,7 +215,7 @@ def run_command(spec: JobSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
         if remaining_ms > 0:
             _hold_and_leave(owner, remaining_ms)
         else:
-            owner.release()
+            _release(owner)  # never raised over the run's result (SPEC section 10)
     return result
 
 

@@ -704,3 +704,15 @@ def test_store_timeout_options_are_bounded(value: object) -> None:
     for option in ("socket_timeout", "socket_connect_timeout"):
         with pytest.raises(ImproperlyConfigured, match=f"`{option}`"):
             RedisStore(url="redis://127.0.0.1:1/0", **{option: value})  # type: ignore[arg-type]
+
+
+def test_an_abort_signal_waits_any_timeout_without_overflow() -> None:
+    from django_locks import AbortSignal
+
+    signal = AbortSignal()
+    threading.Timer(0.1, signal.abort).start()
+    assert signal.wait(1e20) is True  # beyond threading.TIMEOUT_MAX: waited in slices
+    assert AbortSignal().wait(0.01) is False
+    for bad in (float("nan"), True, "1s"):
+        with pytest.raises(TypeError, match="`timeout`"):
+            AbortSignal().wait(bad)  # type: ignore[arg-type]

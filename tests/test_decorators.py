@@ -321,3 +321,24 @@ def test_a_command_with_both_decorators_and_a_template_key() -> None:
     held.release()
     # The skipped run handed its owner lease back at once.
     assert locks.acquire("import:a:owner") is not None
+
+
+def test_a_skipped_command_whose_owner_hand_back_fails_still_skips(monkeypatch: Any) -> None:
+    """The run lock held elsewhere, and the store failing the owner lease's hand-back: the
+    skip is still a skip (the line on stderr, no error), the lease lapses at its ttl."""
+    from django_locks.exceptions import StoreError
+
+    held = locks.acquire("import:c")
+    assert held is not None
+    real_release = locks.store.release
+
+    def failing(key: str, owner: str, **kwargs: Any) -> bool:
+        if key.endswith(":owner"):
+            raise StoreError("release: store unreachable (injected)")
+        return real_release(key, owner, **kwargs)
+
+    monkeypatch.setattr(locks.store, "release", failing)
+    _, err = run_command("locked_import", "c")
+    assert err.startswith("Skipped locked_import: a run is still in progress (held by ")
+    monkeypatch.undo()
+    held.release()

@@ -358,3 +358,38 @@ def test_a_refusal_in_a_batch_loses_only_that_lock(store: FaultyStore) -> None:
     assert [event["key"] for event in lost] == ["stolen"]
     assert lost[0]["detected_by"] == "renewal"
     assert kept.held and not stolen.held
+
+
+def test_a_batch_round_while_a_lock_joins_does_not_lose_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slow acquire (its renewal due at once) and a renewal round of the store's batch that
+    takes the new lock along while it is joining: the round's confirmed renewal must not be
+    overwritten by the joining lock's first timer (it was, and the lock was lost by deadline)."""
+    from django_locks import renewal
+
+    class SlowStore(InMemoryStore):
+        def acquire(self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None):
+            time.sleep(0.15)  # more than ttl / 6: the batch takes the new lock along at once
+            return super().acquire(key, owner, ttl_ms, timeout=timeout)
+
+    real = renewal._held  # type: ignore[attr-defined]
+    rounds: list[threading.Thread] = []
+
+    class Joining(set):  # type: ignore[type-arg]
+        def add(self, keeper: Any) -> None:
+            real.add(keeper)
+            if keeper._batch is not None and not rounds:
+                rounds.append(threading.Thread(target=keeper._batch._run))
+                rounds[0].start()
+                rounds[0].join(0.1)  # the round answers now, unless the keeper holds it off
+
+        def discard(self, keeper: Any) -> None:
+            real.discard(keeper)
+
+    monkeypatch.setattr(renewal, "_held", Joining())
+    service = Locks(SlowStore(), ttl="600ms")
+    lock = service.acquire("joining")
+    assert lock is not None and rounds
+    rounds[0].join(5)
+    time.sleep(1.5)  # two and a half ttls: renewed all along, or lost by its deadline
+    assert lock.held, lock.signal.reason
+    assert lock.release()

@@ -24,7 +24,7 @@ import pytest
 from django.db import connections
 
 from tests.helpers import eventually
-from tests.testapp.leaders import KEY
+from tests.testapp.leaders import KEY, STUBBORN
 from tests.testapp.models import LeaderWrite, StockCount
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -212,3 +212,35 @@ def test_with_logging_showing_info_each_line_is_printed_once(fleet, store_kind) 
     text = fleet.logs()[proc.pid]
     assert text.count("Leading tests:fenced-writer") == 1, text
     assert text.count("Stepped down from tests:fenced-writer") == 1, text
+
+
+def test_work_that_overstays_the_grace_still_lets_run_leader_exit_1(tmp_path: Path) -> None:
+    """SIGTERM: the work ignores its signal, the grace runs out, the lease is released and the
+    process exits 1 (it used to wait for the work's thread)."""
+    locks = {"BACKEND": "django_locks.stores.InMemoryStore", "ALLOW_IN_MEMORY_STORAGE": True}
+    env = {
+        **os.environ,
+        "DJANGO_LOCKS_TEST_LOCKS": json.dumps(locks),
+        "DJANGO_LOCKS_TEST_LOG_LEVEL": "NONE",
+        "PYTHONPATH": str(ROOT),
+    }
+    command = [sys.executable, "-m", "django", "run_leader", STUBBORN, "--grace", "0.5s"]
+    proc = subprocess.Popen(
+        [*command, "--settings=tests.leader_settings"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if "stubborn work started" in line:
+                break
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)

@@ -31,3 +31,13 @@ def fenced_writer(lock: Lock) -> None:
             accepted=bool(accepted),
         )
         lock.signal.wait(0.05)
+
+
+STUBBORN = "tests:stubborn"
+
+
+@leader_election(STUBBORN)
+def stubborn(lock: Lock) -> None:
+    """Work that ignores its signal: run_leader must still exit once the grace is over."""
+    print(f"stubborn work started (fencing token {lock.fencing_token})", flush=True)
+    time.sleep(60)
