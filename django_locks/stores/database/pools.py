@@ -11,6 +11,7 @@ parent's.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -272,7 +273,14 @@ class Pools:
         return None
 
     def _connect(self, state: _ProcessState, deadline: float) -> StoreConnection:
-        backend = PrivateBackend(self.using)
+        # An attempt abandoned at the call's deadline still ends soon (libpq's own timeout),
+        # instead of keeping its thread and socket for the system's TCP timeout.
+        defaults = (
+            {"connect_timeout": max(2, math.ceil(self.default_timeout))}
+            if self.ops.vendor == "postgresql"
+            else {}
+        )
+        backend = PrivateBackend(self.using, **defaults)
         attempt = ConnectAttempt(backend)
         # Connecting runs on a thread of its own so that a server that does not answer costs
         # the caller no more than its timeout; a connection completed too late is closed.
