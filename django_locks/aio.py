@@ -16,9 +16,10 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from django_locks.abort import AbortSignal
 from django_locks.stores.base import LockStore
@@ -214,6 +215,7 @@ class ReleaseNotices(Generic[T]):
         self.supported = True  # until the store says it sends no notices
         self._mutex = threading.Lock()
         self._rooms: dict[str, collections.deque[_Waiter[T]]] = {}
+        _NOTICES.add(self)
 
     async def wait(
         self,
@@ -359,11 +361,18 @@ def _watch_pool() -> ThreadPoolExecutor:
     return _watch_instance
 
 
+_NOTICES: weakref.WeakSet[ReleaseNotices[Any]] = weakref.WeakSet()
+
+
 def _forget_pools_in_child() -> None:
-    # The parent's threads do not exist in a child: fresh pools on first use.
+    # The parent's threads do not exist in a child: fresh pools on first use, and no waiting
+    # room left whose watching thread stayed in the parent (its waiters would never be woken).
     global _watch_instance, _calls_instance, _pool_mutex
     _watch_instance = _calls_instance = None
     _pool_mutex = threading.Lock()
+    for notices in list(_NOTICES):
+        notices._mutex = threading.Lock()
+        notices._rooms = {}
 
 
 os.register_at_fork(after_in_child=_forget_pools_in_child)

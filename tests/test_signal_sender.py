@@ -97,5 +97,6 @@ def test_the_beat_hook_sends_with_the_locks_class(heard) -> None:
     guard = BeatGuard(scheduler)
     assert guard.lead()
     guard.close()
-    eventually(lambda: len(heard) >= 1, what="the beat's leadership")
-    assert heard[0][0] is leadership_acquired
+    eventually(lambda: len(heard) >= 2, what="the beat's leadership, then its hand-back")
+    assert [signal for signal, _ in heard] == [leadership_acquired, leadership_lost]
+    assert heard[1][1]["reason"] == "released"

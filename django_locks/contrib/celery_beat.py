@@ -343,6 +343,15 @@ class BeatGuard:
             held.append(leader)
         try:
             self.hand_back(held)
+            if leader is not None:
+                # As for elections: a term that ends is announced (SPEC section 2).
+                signals.send(
+                    signals.leadership_lost,
+                    Locks,
+                    key=self.leader_key,
+                    fencing_token=leader.fencing_token,
+                    reason="released",
+                )
         finally:
             # Whatever handing back did, the scheduler is closed (its schedule is synced).
             result = self._close()

@@ -134,7 +134,12 @@ class ProcessLocal(Generic[T]):
         if value is not None and self._pid == os.getpid():
             return value
         with self._lock:
-            if self._value is None or self._pid != os.getpid():
+            if self._value is not None and self._pid != os.getpid():
+                # A child the at-fork hook did not reach (os.fork() skips no hook, but a
+                # C extension's fork might): the parent's value is still never used or closed.
+                keep_forever(self._value)
+                self._value = None
+            if self._value is None:
                 self._value = self._factory()
                 self._pid = os.getpid()
             return self._value
