@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -298,9 +299,14 @@ class Keeper:
     def leave(self, ttl_ms: int) -> bool:
         """Stop renewing and leave the lease to lapse ``ttl_ms`` from now (one renewal).
         ``True`` if the store confirmed it was still ours."""
-        return self.stop() and self.store.renew(
-            self.key, self.owner, ttl_ms, timeout=self.call_timeout()
-        )
+        if not self.stop():
+            return False
+        # A renewal already sent would, answered after this one, move the expiry back to the
+        # lock's ttl (a command's min_hold cut short, a beat's hand-back stretched): let it be
+        # answered first. It ends by the holder deadline, whatever the store does.
+        while self._in_flight and self.clock.monotonic() < self.deadline:
+            time.sleep(0.002)
+        return self.store.renew(self.key, self.owner, ttl_ms, timeout=self.call_timeout())
 
     def stop(self) -> bool:
         """Stop renewing before a release or a leave; whether the lock was still held. Past the
