@@ -217,9 +217,8 @@ def _seed_opened() -> list[weakref.ref[Any]]:
     # the admin may import django_locks.lock only on its first lock).
     from django.db import connections
 
-    opened = _opened.__dict__.get("wrappers")
-    if opened is None:
-        opened = _opened.wrappers = []
+    opened: list[weakref.ref[Any]] = []
+    _opened.wrappers = opened
     for conn in connections.all(initialized_only=True):
         if conn.connection is not None:
             _remember(opened, conn)

@@ -9,7 +9,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from django.utils.functional import LazyObject, empty
 
@@ -18,7 +18,7 @@ from django_locks.abort import AbortSignal
 from django_locks.aio import ReleaseNotices, attempt
 from django_locks.clock import Clock, system_clock
 from django_locks.context import _current
-from django_locks.durations import Duration, to_milliseconds
+from django_locks.durations import Duration
 from django_locks.exceptions import LockNotAcquiredError, StoreError, StoreTimeoutError
 from django_locks.keys import validate_key
 from django_locks.lock import Lock, release_failed
@@ -83,6 +83,12 @@ class Locks:
         ``TypeError`` on bad arguments before any I/O, ``StoreError`` when the store fails.
         """
         ttl_ms, wait_s = self._check(key, ttl, wait, signal)
+        return self._acquire(key, ttl_ms, wait_s, signal)
+
+    def _acquire(
+        self, key: str, ttl_ms: int, wait_s: float, signal: AbortSignal | None
+    ) -> Lock | None:
+        """:meth:`acquire` with its arguments checked already."""
         give_up = self.clock.monotonic() + wait_s
         attempt = 0
         while signal is None or not signal.aborted:
@@ -110,8 +116,7 @@ class Locks:
         block raises. Inside, ``current_lock()`` is this lock. ``async with locks.alock(...)`` for
         coroutines.
         """
-        self._check(key, ttl, wait, signal)
-        return LockBlock(self, key, ttl, wait, signal)
+        return LockBlock(self, key, *self._check(key, ttl, wait, signal), signal)
 
     def with_lock(
         self,
@@ -142,6 +147,12 @@ class Locks:
         by the store's release notices as a thread is. Cancelled at any point, it releases
         what it got."""
         ttl_ms, wait_s = self._check(key, ttl, wait, signal)
+        return await self._aacquire(key, ttl_ms, wait_s, signal)
+
+    async def _aacquire(
+        self, key: str, ttl_ms: int, wait_s: float, signal: AbortSignal | None
+    ) -> Lock | None:
+        """:meth:`aacquire` with its arguments checked already."""
         give_up = self.clock.monotonic() + wait_s
         attempt = 0
         tried = False  # the last pause made the next try already
@@ -167,8 +178,7 @@ class Locks:
         signal: AbortSignal | None = None,
     ) -> LockBlock:
         """:meth:`lock` for ``async with``."""
-        self._check(key, ttl, wait, signal)
-        return LockBlock(self, key, ttl, wait, signal)
+        return LockBlock(self, key, *self._check(key, ttl, wait, signal), signal)
 
     async def awith_lock(
         self,
@@ -278,23 +288,18 @@ class LockBlock:
     """What :meth:`Locks.lock` and :meth:`Locks.alock` return: holds the key for one block."""
 
     def __init__(
-        self,
-        locks: Locks,
-        key: str,
-        ttl: Duration | None,
-        wait: Duration,
-        signal: AbortSignal | None,
+        self, locks: Locks, key: str, ttl_ms: int, wait_s: float, signal: AbortSignal | None
     ) -> None:
+        # Checked by lock() / alock() already: entering validates nothing again.
         self._locks = locks
-        self._args: dict[str, Any] = {"ttl": ttl, "wait": wait, "signal": signal}
+        self._args = (key, ttl_ms, wait_s, signal)
         self._key = key
         self._lock: Lock | None = None
         self._context_token: contextvars.Token[Lock | None] | None = None
 
     def _entered(self, lock: Lock | None) -> Lock:
         if lock is None:
-            wait = to_milliseconds(self._args["wait"], name="wait", allow_zero=True) / 1000
-            raise LockNotAcquiredError(self._key, wait)
+            raise LockNotAcquiredError(self._key, self._args[2])
         self._lock = lock
         self._context_token = _current.set(lock)
         return lock
@@ -305,7 +310,7 @@ class LockBlock:
         return self._lock
 
     def __enter__(self) -> Lock:
-        return self._entered(self._locks.acquire(self._key, **self._args))
+        return self._entered(self._locks._acquire(*self._args))
 
     def __exit__(
         self,
@@ -320,7 +325,7 @@ class LockBlock:
             release_failed(lock, error)  # the block's result or exception is kept
 
     async def __aenter__(self) -> Lock:
-        return self._entered(await self._locks.aacquire(self._key, **self._args))
+        return self._entered(await self._locks._aacquire(*self._args))
 
     async def __aexit__(
         self,
