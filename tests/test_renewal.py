@@ -393,3 +393,25 @@ def test_a_batch_round_while_a_lock_joins_does_not_lose_it(monkeypatch: pytest.M
     time.sleep(1.5)  # two and a half ttls: renewed all along, or lost by its deadline
     assert lock.held, lock.signal.reason
     assert lock.release()
+
+
+def test_leave_for_waits_for_a_renewal_in_flight() -> None:
+    """A renewal sent just before leave_for(), answered after it, would move the expiry back to
+    the ttl: leave_for() lets it be answered first, so the lease stays for what it asked."""
+    in_flight = threading.Event()
+
+    class SlowRenewals(InMemoryStore):
+        def renew_many(self, leases: Any, *, timeout: float | None = None) -> list[bool]:
+            in_flight.set()
+            time.sleep(0.15)
+            return super().renew_many(leases, timeout=timeout)
+
+    store = SlowRenewals()
+    service = Locks(store, ttl="300ms")
+    lock = service.acquire("leaving")
+    assert lock is not None
+    assert in_flight.wait(5), "no renewal was sent"
+    assert lock.leave_for("5s")
+    time.sleep(0.3)  # past when the late renewal would have cut the lease to 300 ms
+    (lease,) = [lease for lease in store.leases() if lease.key == "leaving"]
+    assert lease.expires_in is not None and lease.expires_in.total_seconds() > 3
