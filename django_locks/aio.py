@@ -13,7 +13,6 @@ import asyncio
 import collections
 import contextlib
 import logging
-import os
 import threading
 import time
 import weakref
@@ -364,7 +363,8 @@ def _watch_pool() -> ThreadPoolExecutor:
 _NOTICES: weakref.WeakSet[ReleaseNotices[Any]] = weakref.WeakSet()
 
 
-def _forget_pools_in_child() -> None:
+def forget_pools_in_child() -> None:
+    """After fork(), in the child (``django_locks.process.AFTER_FORK``)."""
     # The parent's threads do not exist in a child: fresh pools on first use, and no waiting
     # room left whose watching thread stayed in the parent (its waiters would never be woken).
     global _watch_instance, _calls_instance, _pool_mutex
@@ -373,6 +373,3 @@ def _forget_pools_in_child() -> None:
     for notices in list(_NOTICES):
         notices._mutex = threading.Lock()
         notices._rooms = {}
-
-
-os.register_at_fork(after_in_child=_forget_pools_in_child)

@@ -14,7 +14,6 @@ import heapq
 import itertools
 import logging
 import math
-import os
 import queue
 import sys
 import threading
@@ -22,6 +21,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from django_locks import process  # noqa: F401  (registers the at-fork hook: see process.py)
 from django_locks.abort import AbortSignal
 
 logger = logging.getLogger("django_locks")
@@ -243,15 +243,13 @@ def _background() -> _Background:
     return _background_instance
 
 
-def _forget_background_in_child() -> None:
+def forget_background_in_child() -> None:
+    """After fork(), in the child (``django_locks.process.AFTER_FORK``)."""
     # The parent's threads do not exist in a child: start fresh ones on first use. The old pool is
     # dropped, not shut down (its threads are gone; shutting it down would wait for nothing).
     global _background_instance, _background_lock
     _background_instance = None
     _background_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_background_in_child)
 
 
 def _warn_if_threads_cannot_run() -> None:

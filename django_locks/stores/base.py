@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import os
-import socket
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
+
+from django_locks import process
 
 LeaseState = Literal["held", "expired", "released"]
 
@@ -185,17 +185,8 @@ class LockStore:
         return f"<{type(self).__name__}>"
 
 
-_HOLDER: tuple[int, str] = (0, "")
-
-
-def holder_name() -> str:
-    """``host:pid`` of this process, as stores record a lease's holder for people reading the
-    admin (looked up once per process: ``gethostname()`` is a system call)."""
-    global _HOLDER
-    pid = os.getpid()
-    if _HOLDER[0] != pid:
-        _HOLDER = (pid, f"{socket.gethostname()}:{pid}")
-    return _HOLDER[1]
+holder_name = process.holder
+"""``host:pid`` of this process, as stores record a lease's holder for people reading the admin."""
 
 
 def check_older_than(older_than_ms: object) -> int:

@@ -17,19 +17,20 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Protocol
 
 from django_locks.clock import ERROR_PAUSE, MAX_WAIT
 from django_locks.exceptions import StoreError, StoreTimeoutError
 
-logger = logging.getLogger("django_locks")
+# Re-exported: custom stores import them from here (docs/howto/custom-store.rst); their home is
+# the module listing every piece of per-process state.
+from django_locks.process import ProcessLocal as ProcessLocal
+from django_locks.process import keep_forever as keep_forever
 
-T = TypeVar("T")
+logger = logging.getLogger("django_locks")
 
 
 class Call(Protocol):
@@ -113,72 +114,6 @@ class Watchdog:
                 except Exception:
                     logger.exception("django_locks watchdog: abandoning a call failed")
 
-
-class ProcessLocal(Generic[T]):
-    """A value of this process, made by ``factory()`` on first use and made afresh in a forked
-    child; the parent's value is handed to ``inherited(value)`` there (default: kept referenced
-    forever, so that nothing closes what the parent still uses) and never used again."""
-
-    def __init__(
-        self, factory: Callable[[], T], inherited: Callable[[T], None] | None = None
-    ) -> None:
-        self._factory = factory
-        self._inherited = inherited
-        self._value: T | None = None
-        self._pid = 0
-        self._lock = threading.Lock()
-        _PROCESS_LOCALS.add(self)
-
-    def get(self) -> T:
-        value = self._value
-        if value is not None and self._pid == os.getpid():
-            return value
-        with self._lock:
-            if self._value is not None and self._pid != os.getpid():
-                # A child the at-fork hook did not reach (os.fork() skips no hook, but a
-                # C extension's fork might): the parent's value is still never used or closed.
-                keep_forever(self._value)
-                self._value = None
-            if self._value is None:
-                self._value = self._factory()
-                self._pid = os.getpid()
-            return self._value
-
-    def peek(self) -> T | None:
-        """The value, if this process made one (no factory call)."""
-        return self._value if self._pid == os.getpid() else None
-
-    def _forget_in_child(self) -> None:
-        value, self._value = self._value, None
-        self._lock = threading.Lock()  # another thread may have held it at fork() time
-        if value is None:
-            return
-        if self._inherited is None:
-            keep_forever(value)
-        else:
-            try:
-                self._inherited(value)
-            except Exception:
-                logger.exception("django_locks: forgetting %r in a forked child failed", value)
-
-
-_PROCESS_LOCALS: weakref.WeakSet[ProcessLocal[Any]] = weakref.WeakSet()
-_INHERITED: list[object] = []
-"""What a forked child inherited and keeps referenced forever: never closed, never used."""
-
-
-def keep_forever(inherited: object) -> None:
-    """In a forked child: keep what the parent owned referenced forever, so that the garbage
-    collector never closes it (closing would end the parent's sessions)."""
-    _INHERITED.append(inherited)
-
-
-def _after_fork_in_child() -> None:
-    for local in list(_PROCESS_LOCALS):
-        local._forget_in_child()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 _WATCHDOG: ProcessLocal[Watchdog] = ProcessLocal(Watchdog)
 
