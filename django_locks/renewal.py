@@ -10,7 +10,6 @@ thread waiting for a store call: a hanging call cannot keep a lost lock "held".
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -372,12 +371,10 @@ def held_keepers() -> list[Keeper]:
     return [keeper for keeper in list(_held) if keeper.state == "held"]
 
 
-def _detach_inherited_locks() -> None:
+def detach_inherited_locks() -> None:
+    """After fork(), in the child (``django_locks.process.AFTER_FORK``)."""
     # A forked child shares the parent's owner ids: renewing or releasing them here would act on
     # the parent's leases. The child simply does not hold them (renewal_batch forgets the
     # parent's batches on its own).
     for keeper in list(_held):
         keeper.detach("it was inherited across fork() and stays the parent's", after_fork=True)
-
-
-os.register_at_fork(after_in_child=_detach_inherited_locks)

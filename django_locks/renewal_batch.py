@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 from typing import TYPE_CHECKING
@@ -108,12 +107,10 @@ def batch_for(store: LockStore, clock: Clock) -> RenewalBatch | None:
         return batch
 
 
-def _forget_batches_in_child() -> None:
+def forget_batches_in_child() -> None:
+    """After fork(), in the child (``django_locks.process.AFTER_FORK``)."""
     # The parent's batches (their mutexes, their running flags) mean nothing in a forked child.
     global _batches, _batches_mutex, _last_batch
     _batches = weakref.WeakKeyDictionary()
     _batches_mutex = threading.Lock()
     _last_batch = None
-
-
-os.register_at_fork(after_in_child=_forget_batches_in_child)

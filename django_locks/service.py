@@ -361,12 +361,10 @@ def _new_owner() -> str:
     return _owners.new()
 
 
-def _renew_owners_after_fork() -> None:
+def renew_owners_after_fork() -> None:
+    """After fork(), in the child (``django_locks.process.AFTER_FORK``)."""
     global _owners
     _owners = _Owners()
-
-
-os.register_at_fork(after_in_child=_renew_owners_after_fork)
 
 
 def _lock_ttl(ttl: Duration) -> int:

@@ -11,14 +11,12 @@ from __future__ import annotations
 import contextvars
 import datetime
 import logging
-import os
-import socket
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from django_locks import signals
+from django_locks import process, signals
 from django_locks.exceptions import LocksError
 from django_locks.job import OWNER_SUFFIX, JobSpec, job_spec
 from django_locks.keys import MAX_KEY_LENGTH
@@ -97,7 +95,7 @@ class BeatGuard:
         self.refused: dict[str, tuple[str, float]] = {}  # entry -> (its error, when logged)
         self.now: Callable[[], float] = time.monotonic  # when refusals were logged
         self.mutex = threading.Lock()
-        self.holder = f"{socket.gethostname()}:{os.getpid()}"
+        self.holder = process.holder()
         self._apply_entry = scheduler.apply_entry
         self._close = scheduler.close
         scheduler.apply_entry = self.apply_entry
