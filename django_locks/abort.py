@@ -133,6 +133,35 @@ class AbortSignal:
         with self._mutex, contextlib.suppress(ValueError):
             self._callbacks.remove(fn)
 
+    def _after_fork(self) -> None:
+        """In a forked child: a new mutex (another thread of the parent may have held this one
+        at fork() time). Called by :class:`AbortController` only."""
+        self._mutex = threading.Lock()
+
+
+class AbortController:
+    """The holder's side of an :class:`AbortSignal` (package-internal, as the web's
+    ``AbortController`` is to its signal): it makes the signal, settles it without running the
+    callbacks (the holder runs them off its critical path) and makes it usable after ``fork()``.
+
+    Only this module touches a signal's private state: the keeper of a lock holds a controller
+    and goes through it, so no other class reads or writes an ``AbortSignal``'s fields.
+    """
+
+    __slots__ = ("signal",)
+
+    def __init__(self) -> None:
+        self.signal = AbortSignal()
+
+    def settle(self, reason: BaseException) -> list[Callback]:
+        """Abort the signal at once with ``reason``; return the callbacks still to run (empty
+        if it was aborted already), for the caller to run when it is ready."""
+        return self.signal._set(reason)
+
+    def reset_after_fork(self) -> None:
+        """Make the signal usable in a forked child (see ``AbortSignal._after_fork``)."""
+        self.signal._after_fork()
+
 
 def _run_callback(fn: Callback, signal: AbortSignal) -> None:
     try:

@@ -6,11 +6,10 @@ import datetime
 import math
 import re
 
+from django_locks.policy import MIN_TTL_MS
+
 Duration = float | int | datetime.timedelta | str
 
-MIN_TTL_MS = 50
-"""The shortest ttl a lock may have: its holder deadline keeps a margin, and it renews every
-ttl / 3."""
 MAX_DURATION_MS = 31_622_400_000
 """366 days: the longest ttl, wait, min_hold or max_hold, and the longest ``ttl_ms`` a store
 must accept. Far below every timer's, socket's and SQL interval's limit."""

@@ -13,7 +13,6 @@ import asyncio
 import dataclasses
 import inspect
 import logging
-import random
 import threading
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
@@ -27,6 +26,7 @@ from django_locks.durations import Duration
 from django_locks.exceptions import AbortedError, LockLostError, LocksError, StoreError
 from django_locks.keys import validate_key
 from django_locks.lock import Lock
+from django_locks.policy import POLICY
 from django_locks.service import Locks
 
 logger = logging.getLogger("django_locks")
@@ -157,7 +157,7 @@ class Campaign:
                 lock = self.locks.acquire(self.key, ttl=self.ttl_ms / 1000)
             except StoreError as exc:
                 self._say("Campaign for %s failed: %s", self.key, exc, level=logging.WARNING)
-                self.stopping.wait(self.ttl / 3)
+                self.stopping.wait(POLICY.campaign_every(self.ttl))
                 continue
             if lock is None:
                 self._say_who_leads()
@@ -171,8 +171,7 @@ class Campaign:
                 # No crash loop on one replica: wait longer after each short term.
                 short = self.locks.clock.monotonic() - started < self.ttl
                 self._failures = self._failures + 1 if short else 0
-                delay = min(self.ttl, min(1.0, self.ttl / 3) * 2 ** max(self._failures - 1, 0))
-                self.stopping.wait(random.uniform(delay / 2, delay))
+                self.stopping.wait(POLICY.relaunch_delay(self._failures, self.ttl))
 
     def _say_who_leads(self) -> None:
         """A follower says whom it follows: once, and again after the leader changed."""
@@ -191,13 +190,13 @@ class Campaign:
             "Following %s: %s leads; campaigning every %gs and when it lets go",
             self.key,
             holder or "another replica",
-            self.ttl / 3,
+            POLICY.campaign_every(self.ttl),
         )
 
     def _follow(self) -> bool:
         """Wait up to ``ttl / 3`` for the next campaign, woken early by a release notice
         (``True``: woken by one)."""
-        give_up = self.locks.clock.monotonic() + self.ttl / 3
+        give_up = self.locks.clock.monotonic() + POLICY.campaign_every(self.ttl)
         while not self.stopping.is_set():
             remaining = give_up - self.locks.clock.monotonic()
             if remaining <= 0:

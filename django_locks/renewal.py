@@ -1,10 +1,12 @@
-"""Keeping a held lock: renewal every ttl/3, the holder deadline, announcing a loss, fork safety.
+"""Keeping a held lock: renewal, the holder deadline, announcing a loss, fork safety.
 
-The holder deadline (SPEC section 5) is counted from the moment the last renewal the store
-confirmed was *sent*: ``sent + ttl * (1 - DRIFT) - MARGIN``. The store extended the lease no earlier
-than that moment, on its own clock, so our deadline ends before the store's expiry as long as the
-two clocks' rates differ by less than ``DRIFT``. The deadline is a timer of the clock, never the
-thread waiting for a store call: a hanging call cannot keep a lost lock "held".
+Every figure (the renewal period, DRIFT, MARGIN, timeouts, retries) is the lock's
+``RenewalPolicy`` (``django_locks.policy``). The holder deadline (SPEC section 5) is counted from
+the moment the last renewal the store confirmed was *sent*: ``sent + ttl * (1 - DRIFT) - MARGIN``.
+The store extended the lease no earlier than that moment, on its own clock, so our deadline ends
+before the store's expiry as long as the two clocks' rates differ by less than ``DRIFT``. The
+deadline is a timer of the clock, never the thread waiting for a store call: a hanging call cannot
+keep a lost lock "held".
 """
 
 from __future__ import annotations
@@ -16,25 +18,18 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from django_locks import signals
-from django_locks.abort import AbortSignal
+from django_locks.abort import AbortController, AbortSignal
 from django_locks.clock import Clock, TimerHandle
 from django_locks.exceptions import AbortedError, DetectedBy, LockLostError, LockReleasedError
-from django_locks.renewal_batch import batch_for
+from django_locks.policy import DRIFT as DRIFT  # where the API reference has long shown them
+from django_locks.policy import MARGIN as MARGIN
+from django_locks.policy import MIN_CALL_TIMEOUT as MIN_CALL_TIMEOUT
+from django_locks.policy import POLICY, RenewalPolicy
+from django_locks.renewal_batch import RenewalBatch, batch_for
 from django_locks.renewal_batch import held as _held
 from django_locks.stores.base import LockStore, holder_name
 
 logger = logging.getLogger("django_locks")
-
-DRIFT = 0.01
-"""The largest rate difference assumed between the holder's clock and the store's (1%)."""
-
-MARGIN = 0.005
-"""Seconds taken off every deadline for scheduling latency (5 ms)."""
-
-MIN_CALL_TIMEOUT = 0.05
-"""The shortest timeout of a lock's store call (SPEC section 10): a release or a leave is
-bounded by the lock's remaining validity, but never below 50 ms, so that a call made at the end
-of the validity still has the time of a round trip."""
 
 State = Literal["held", "released", "lost", "abandoned", "detached"]
 
@@ -47,19 +42,20 @@ class Keeper:
     when first asked for (most locks are released without anybody looking)."""
 
     __slots__ = (
+        "_abort",
         "_batch",
         "_due",
         "_in_flight",
         "_mutex",
         "_reason",
         "_renew_at",
-        "_signal",
         "_timer",
         "clock",
         "deadline",
         "fencing_token",
         "key",
         "owner",
+        "policy",
         "sender",
         "state",
         "store",
@@ -78,6 +74,7 @@ class Keeper:
         fencing_token: int,
         ttl_ms: int,
         sent: float,
+        policy: RenewalPolicy = POLICY,
     ) -> None:
         self.store = store
         self.clock = clock
@@ -88,7 +85,8 @@ class Keeper:
         self.ttl = ttl_ms / 1000
         self.ttl_ms = ttl_ms
         self.state: State = "held"
-        self._signal: AbortSignal | None = None
+        self.policy = policy
+        self._abort: AbortController | None = None  # made with the signal
         self._reason: BaseException | None = None  # why it ended (None: released)
         self._mutex = threading.RLock()
         self._timer: TimerHandle | None = None  # at the next renewal, then at the deadline
@@ -97,9 +95,9 @@ class Keeper:
         # What _confirmed(sent) does, inlined (one lock made per acquire): every field a
         # renewal batch reads is set before the keeper joins `_held`, where a batch running
         # on another thread may see it at once; its only timer is made last.
-        self.deadline = sent + self.ttl * (1 - DRIFT) - MARGIN
+        self.deadline = policy.deadline(sent, self.ttl)
         self._due = False
-        self._renew_at = renew_at = sent + self.ttl / 3
+        self._renew_at = renew_at = sent + policy.period(self.ttl)
         # Joined and timed under the mutex: a batch that takes it along at once answers under
         # the same mutex, so its timer (a renewal confirmed) is never overwritten by this one.
         with self._mutex:
@@ -108,15 +106,16 @@ class Keeper:
 
     @property
     def signal(self) -> AbortSignal:
-        signal = self._signal
-        if signal is None:
+        abort = self._abort
+        if abort is None:
             with self._mutex:
-                if self._signal is None:
-                    self._signal = AbortSignal()
+                abort = self._abort
+                if abort is None:
+                    abort = AbortController()
                     if self.state != "held":
-                        self._signal._set(self._reason or self._released())
-                signal = self._signal
-        return signal
+                        abort.settle(self._reason or self._released())
+                    self._abort = abort
+        return abort.signal
 
     def _released(self) -> LockReleasedError:
         return LockReleasedError(self.key, self.fencing_token)
@@ -127,10 +126,10 @@ class Keeper:
         self.state = state
         _held.discard(self)
         self._cancel_timer()
-        if self._signal is None:
+        if self._abort is None:
             self._reason = reason
             return []
-        return self._signal._set(reason or self._released())
+        return self._abort.settle(reason or self._released())
 
     @property
     def held(self) -> bool:
@@ -138,9 +137,9 @@ class Keeper:
 
     def _confirmed(self, sent: float) -> None:
         """The store confirmed the acquire or renewal sent at ``sent``: move the deadline."""
-        self.deadline = sent + self.ttl * (1 - DRIFT) - MARGIN
+        self.deadline = self.policy.deadline(sent, self.ttl)
         self._due = False
-        self._schedule_renewal(sent + self.ttl / 3)
+        self._schedule_renewal(sent + self.policy.period(self.ttl))
 
     def _schedule_renewal(self, when: float) -> None:
         """One timer per lock: at its next renewal, and once that fell due, at its deadline."""
@@ -179,30 +178,41 @@ class Keeper:
             self._due = False
             self.clock.spawn(lambda: self._renew(now))
 
-    def _wants_renewal(self, now: float) -> bool:
-        """Whether a batch renewing at ``now`` should take this lock along: its renewal fell
-        due, or falls due within the next sixth of its ttl (renewing early costs nothing and
-        brings the locks of a process into step, so the next batch renews them all at once)."""
-        return (
-            self.state == "held"
+    def join_round(self, batch: RenewalBatch, now: float) -> bool:
+        """Whether ``batch``, renewing at ``now``, takes this lock along; if so the renewal is
+        in flight from now on (the batch calls it under its own mutex and answers it with
+        :meth:`answered`). Taken along: a lock of that batch whose renewal fell due, or falls
+        due within the policy's look-ahead (renewing early costs nothing and brings the locks
+        of a process into step, so the next batch renews them all at once)."""
+        if (
+            self._batch is batch
+            and self.state == "held"
             and not self._in_flight
-            and (self._due or self._renew_at - now <= self.ttl / 6)
+            and (self._due or self._renew_at - now <= self.policy.lookahead(self.ttl))
             and now < self.deadline
-        )
+        ):
+            self._in_flight = True
+            self._due = False
+            return True
+        return False
 
     def _renew(self, sent: float) -> None:
         error: Exception | None = None
         renewed = False
         try:
             renewed = self.store.renew(
-                self.key, self.owner, self.ttl_ms, timeout=max(self.deadline - sent, 0.001)
+                self.key,
+                self.owner,
+                self.ttl_ms,
+                timeout=self.policy.renew_timeout(self.deadline, sent),
             )
         except Exception as exc:  # any failure is retried until the deadline, never a refusal
             error = exc
-        self._answered(sent, renewed, error)
+        self.answered(sent, renewed, error)
 
-    def _answered(self, sent: float, renewed: bool, error: Exception | None) -> None:
-        """The store answered the renewal sent at ``sent`` (or failed with ``error``)."""
+    def answered(self, sent: float, renewed: bool, error: Exception | None) -> None:
+        """The store answered the renewal sent at ``sent`` (or failed with ``error``): this
+        lock's own renewal, or its batch's."""
         announce: Callable[[], None] | None = None
         retry: tuple[float, float] | None = None  # logged after the mutex: a slow log handler
         with self._mutex:  # must not hold up the timer thread, which takes it too
@@ -218,7 +228,7 @@ class Keeper:
                 if renewed:
                     self.clock.spawn(self._release_quietly)
             elif error is not None:
-                retry_in = min(self.ttl / 10, 1.0)
+                retry_in = self.policy.retry(self.ttl)
                 retry = (retry_in, self.deadline - now)
                 self._schedule_renewal(now + retry_in)
             elif not renewed:
@@ -282,8 +292,8 @@ class Keeper:
 
     def call_timeout(self) -> float:
         """Seconds a store call of this lock may take now: its remaining validity (the holder
-        deadline), never less than ``MIN_CALL_TIMEOUT``."""
-        return max(self.deadline - self.clock.monotonic(), MIN_CALL_TIMEOUT)
+        deadline), never less than the policy's ``min_call_timeout``."""
+        return self.policy.call_timeout(self.deadline, self.clock.monotonic())
 
     def release(self) -> bool:
         """Stop renewing and free the lease. ``True`` if the store confirmed it was still ours.
@@ -304,7 +314,7 @@ class Keeper:
         # lock's ttl (a command's min_hold cut short, a beat's hand-back stretched): let it be
         # answered first. It ends by the holder deadline, whatever the store does.
         while self._in_flight and self.clock.monotonic() < self.deadline:
-            time.sleep(0.002)
+            time.sleep(self.policy.leave_poll)
         return self.store.renew(self.key, self.owner, ttl_ms, timeout=self.call_timeout())
 
     def stop(self) -> bool:
@@ -355,15 +365,15 @@ class Keeper:
         if after_fork:
             # Another thread of the parent may have held these at fork() time.
             self._mutex = threading.RLock()
-            if self._signal is not None:
-                self._signal._mutex = threading.Lock()
+            if self._abort is not None:
+                self._abort.reset_after_fork()
         self._timer = None  # the clock's, not ours to cancel (a child has no timer thread yet)
         error = AbortedError(f"lock {self.key!r} is not held here: {reason}")
         self.state = "detached"
         _held.discard(self)
         self._reason = error
-        if self._signal is not None:
-            self._signal._set(error)
+        if self._abort is not None:
+            self._abort.settle(error)
 
 
 def held_keepers() -> list[Keeper]:

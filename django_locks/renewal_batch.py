@@ -22,8 +22,8 @@ class RenewalBatch:
     (``renew_many``) per round, instead of one call per lock.
 
     A round starts when some lock's renewal falls due; it takes along every lock whose renewal
-    falls due soon (see ``Keeper._wants_renewal``). While a round's call is out, locks falling
-    due wait for the next round, which starts as soon as the call returns.
+    falls due soon (``Keeper.join_round`` says which, by the lock's policy). While a round's call
+    is out, locks falling due wait for the next round, which starts as soon as the call returns.
     """
 
     def __init__(self, store: LockStore, clock: Clock) -> None:
@@ -50,11 +50,8 @@ class RenewalBatch:
                     batch = [
                         keeper
                         for keeper in list(held)  # one step: other threads add and discard
-                        if keeper._batch is self and keeper._wants_renewal(now)
+                        if keeper.join_round(self, now)
                     ]
-                    for keeper in batch:
-                        keeper._in_flight = True
-                        keeper._due = False
                 if batch:
                     self._renew(batch, now)
                 with self._mutex:
@@ -67,16 +64,17 @@ class RenewalBatch:
             raise
 
     def _renew(self, batch: list[Keeper], sent: float) -> None:
-        timeout = max(min(keeper.deadline for keeper in batch) - sent, 0.001)
+        # The earliest deadline of the round bounds the call (each lock's policy says how).
+        timeout = min(keeper.policy.renew_timeout(keeper.deadline, sent) for keeper in batch)
         leases = [(keeper.key, keeper.owner, keeper.ttl_ms) for keeper in batch]
         try:
             results = self.store.renew_many(leases, timeout=timeout)
         except Exception as exc:  # retried by each lock until its deadline, never a refusal
             for keeper in batch:
-                keeper._answered(sent, False, exc)
+                keeper.answered(sent, False, exc)
             return
         for keeper, renewed in zip(batch, results, strict=True):
-            keeper._answered(sent, renewed, None)
+            keeper.answered(sent, renewed, None)
 
 
 _batches: weakref.WeakKeyDictionary[LockStore, dict[int, RenewalBatch]] = (

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import random
 import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
@@ -22,7 +21,8 @@ from django_locks.durations import Duration
 from django_locks.exceptions import LockNotAcquiredError, StoreError, StoreTimeoutError
 from django_locks.keys import validate_key
 from django_locks.lock import Lock, release_failed
-from django_locks.renewal import DRIFT, MARGIN, Keeper
+from django_locks.policy import POLICY
+from django_locks.renewal import Keeper
 from django_locks.stores.base import LockStore
 
 if TYPE_CHECKING:
@@ -32,10 +32,6 @@ logger = logging.getLogger("django_locks")
 
 T = TypeVar("T")
 
-BACKOFF_FIRST = 0.025
-"""Seconds before the second try of a waiting acquire; doubled each try..."""
-BACKOFF_CAP = 1.0
-"""...up to this many seconds, each delay drawn at random from its upper half (jitter)."""
 MIN_TTL_MS = durations.MIN_TTL_MS
 """The shortest ttl a lock may have, in milliseconds (``django_locks.durations`` has the bounds)."""
 NOTICE_SLICE = 0.25
@@ -98,7 +94,7 @@ class Locks:
             remaining = give_up - self.clock.monotonic()
             if remaining <= 0:
                 break
-            self._pause(key, min(_backoff(attempt), remaining), signal)
+            self._pause(key, min(POLICY.backoff(attempt), remaining), signal)
             attempt += 1
         return None
 
@@ -163,7 +159,8 @@ class Locks:
             remaining = give_up - self.clock.monotonic()
             if remaining <= 0:
                 break
-            tried, lock = await self._apause(key, ttl_ms, min(_backoff(attempt), remaining), signal)
+            pause = min(POLICY.backoff(attempt), remaining)
+            tried, lock = await self._apause(key, ttl_ms, pause, signal)
             if lock is not None:
                 return lock
             attempt += 1
@@ -255,7 +252,7 @@ class Locks:
         owner = _new_owner()
         sent = self.clock.monotonic()
         # The call may take no longer than the lease it asks for would be valid.
-        timeout = ttl_ms / 1000 * (1 - DRIFT) - MARGIN
+        timeout = POLICY.acquire_timeout(ttl_ms)
         try:
             token = self.store.acquire(key, owner, ttl_ms, timeout=timeout)
         except StoreTimeoutError:
@@ -369,11 +366,6 @@ def renew_owners_after_fork() -> None:
 
 def _lock_ttl(ttl: Duration) -> int:
     return durations.ttl_ms(ttl)
-
-
-def _backoff(attempt: int) -> float:
-    delay = min(BACKOFF_CAP, BACKOFF_FIRST * 2**attempt)
-    return random.uniform(delay / 2, delay)
 
 
 class DefaultLocks(LazyObject):  # type: ignore[type-arg]

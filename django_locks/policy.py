@@ -1,0 +1,116 @@
+"""``RenewalPolicy``: every figure of renewal, holder deadlines, call timeouts and retry delays."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+
+# Imports nothing of the package: every module that times a lock reads this one.
+
+DRIFT = 0.01
+"""The largest rate difference assumed between the holder's clock and the store's (1%)."""
+
+MARGIN = 0.005
+"""Seconds taken off every deadline for scheduling latency (5 ms)."""
+
+MIN_CALL_TIMEOUT = 0.05
+"""The shortest timeout of a lock's store call (SPEC section 10): a release or a leave is
+bounded by the lock's remaining validity, but never below 50 ms, so that a call made at the end
+of the validity still has the time of a round trip."""
+
+MIN_TTL_MS = 50
+"""The shortest ttl a lock may have: its holder deadline keeps a margin, and it renews every
+ttl / 3."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RenewalPolicy:
+    """The figures that time a held lock and the retries around it (package-internal).
+
+    Ttl fractions are divisors (``ttl / 3``, never ``ttl * (1 / 3)``): the same floats as the
+    formulas they replaced, to the last bit. ``docs/internals/policy.rst`` says why each is what
+    it is.
+    """
+
+    drift: float = DRIFT
+    margin: float = MARGIN
+    min_call_timeout: float = MIN_CALL_TIMEOUT
+    min_ttl_ms: int = MIN_TTL_MS
+    renew_divisor: int = 3
+    """A lock is renewed every ttl / 3: two renewals can fail before its deadline."""
+    lookahead_divisor: int = 6
+    """A batch round takes along every lock whose renewal falls due within ttl / 6."""
+    retry_divisor: int = 10
+    retry_max: float = 1.0
+    """A failed renewal is retried after ttl / 10, or one second if that is sooner."""
+    min_renew_timeout: float = 0.001
+    """A renewal sent at its deadline still gets a (1 ms) timeout: the store answers, or not."""
+    leave_poll: float = 0.002
+    """Seconds between looks at a renewal in flight that a leave waits out."""
+    acquire_first: float = 0.025
+    acquire_cap: float = 1.0
+    """A waiting acquire's pauses: 25 ms, doubled each try up to 1 s (jittered)."""
+    campaign_divisor: int = 3
+    """A follower campaigns every ttl / 3; a campaign failing on a store error waits as long."""
+    relaunch_first_max: float = 1.0
+    """After a short term the campaign waits min(1 s, ttl / 3), doubled each short term up to
+    the ttl (jittered): no crash loop on one replica."""
+
+    def period(self, ttl: float) -> float:
+        """Seconds from a renewal's send (or the acquire's) to the next renewal."""
+        return ttl / self.renew_divisor
+
+    def deadline(self, sent: float, ttl: float) -> float:
+        """The holder deadline of a lease the store confirmed, counted from its ``sent`` time."""
+        return sent + ttl * (1 - self.drift) - self.margin
+
+    def acquire_timeout(self, ttl_ms: int) -> float:
+        """An acquire may take no longer than the lease it asks for would be valid."""
+        return ttl_ms / 1000 * (1 - self.drift) - self.margin
+
+    def renew_timeout(self, deadline: float, sent: float) -> float:
+        """A renewal sent at ``sent`` may take until the earliest deadline it must keep."""
+        return max(deadline - sent, self.min_renew_timeout)
+
+    def call_timeout(self, deadline: float, now: float) -> float:
+        """A release's or a leave's timeout: the lock's remaining validity, at least
+        ``min_call_timeout``."""
+        return max(deadline - now, self.min_call_timeout)
+
+    def lookahead(self, ttl: float) -> float:
+        """A batch renewing now takes along a lock whose renewal falls due this soon."""
+        return ttl / self.lookahead_divisor
+
+    def retry(self, ttl: float) -> float:
+        """Seconds before a failed renewal is sent again."""
+        return min(ttl / self.retry_divisor, self.retry_max)
+
+    def campaign_every(self, ttl: float) -> float:
+        """A follower's wait between campaigns, and a failed campaign's."""
+        return ttl / self.campaign_divisor
+
+    def relaunch_delay(self, failures: int, ttl: float) -> float:
+        """The campaign's wait after a term that returned or raised, ``failures`` short terms
+        in a row (0: the last was not short)."""
+        first = min(self.relaunch_first_max, ttl / self.campaign_divisor)
+        return self.backoff(max(failures - 1, 0), cap=ttl, first=first)
+
+    def backoff(self, attempt: int, cap: float | None = None, first: float | None = None) -> float:
+        """The one capped exponential backoff: ``first * 2 ** attempt`` seconds at most ``cap``,
+        drawn at random from its upper half (jitter). Defaults: a waiting acquire's figures.
+
+        Any ``attempt`` (a wait of days makes millions): past a float's range it is ``cap``.
+        """
+        cap = self.acquire_cap if cap is None else cap
+        first = self.acquire_first if first is None else first
+        try:
+            # ldexp is first * 2 ** attempt exactly, and raises instead of building a huge int.
+            delay = min(cap, math.ldexp(first, max(attempt, 0)))
+        except OverflowError:
+            delay = cap
+        return random.uniform(delay / 2, delay)
+
+
+POLICY = RenewalPolicy()
+"""The policy every lock, batch and campaign of this process reads."""
