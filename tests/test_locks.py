@@ -247,7 +247,7 @@ def test_a_connection_opened_before_the_import_still_warns(
     from django.db import connection, transaction
     from django.db.backends.signals import connection_created
 
-    from django_locks.lock import _remember_connection
+    from django_locks.transactions import _remember_connection
 
     logged: list[str] = []
 
