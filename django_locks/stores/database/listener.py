@@ -15,12 +15,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 import select
 import threading
 import time
 from typing import Any
 
+from django_locks import process
 from django_locks.clock import MAX_WAIT
 from django_locks.stores.database.connections import PrivateBackend
 from django_locks.stores.database.postgresql import CHANNEL, LISTEN
@@ -53,7 +53,7 @@ class Listener:
     def __init__(self, using: str, connect_timeout: float) -> None:
         self.using = using
         self.connect_timeout = connect_timeout
-        self.pid = os.getpid()
+        self.pid = process.pid()
         lock = threading.Lock()
         self._lock = lock
         self._cond = threading.Condition(lock)  # the session's state: listening, failed
@@ -107,7 +107,7 @@ class Listener:
         with self._cond:
             self._closed = True
             raw, self._raw = self._raw, None
-        if raw is not None and self.pid == os.getpid():
+        if raw is not None and self.pid == process.pid():
             with contextlib.suppress(Exception):
                 raw.close()
 

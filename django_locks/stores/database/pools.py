@@ -12,7 +12,6 @@ parent's.
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from django.db import connections
 from django.db.utils import Error as DjangoDatabaseError
 
+from django_locks import process
 from django_locks.exceptions import OwnTransactionError, StoreError, StoreTimeoutError
 from django_locks.stores.database.connections import ConnectAttempt, PrivateBackend, StoreConnection
 from django_locks.stores.database.operations import Operations
@@ -44,7 +44,7 @@ class _ProcessState:
     """The connections one store opened in this process (a forked child starts afresh)."""
 
     def __init__(self) -> None:
-        self.pid = os.getpid()
+        self.pid = process.pid()
         self.lock = threading.Lock()
         self.local = threading.local()
         self.conns: set[StoreConnection] = set()
@@ -205,7 +205,8 @@ class Pools:
         pooled = self.max_connections is not None and not renewal
         with state.lock:
             conn.busy = False
-            keep = not (broken or conn.close_requested or conn.closed) and state.pid == os.getpid()
+            usable = not (broken or conn.close_requested or conn.closed)
+            keep = usable and state.pid == process.pid()
             if not keep:
                 state.conns.discard(conn)
             elif pooled:

@@ -6,8 +6,6 @@ Each method states its operation once and runs it through the dialect of the ali
 
 from __future__ import annotations
 
-import os
-import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -15,6 +13,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from django_locks.durations import Duration, timeout_seconds
+from django_locks.process import ProcessLocal
 from django_locks.stores.base import LeaseInfo, LockStore, check_older_than, holder_name
 from django_locks.stores.database.checks import configuration_messages, store_messages
 from django_locks.stores.database.listener import Listener
@@ -81,8 +80,10 @@ class DatabaseStore(LockStore):
                 f"DATABASES that reaches PostgreSQL directly, or False, got {listen_using!r}."
             )
         self.listen_using: str | None = listen_using or None
-        self._listener: Listener | None = None
-        self._listener_lock = threading.Lock()  # held for a constructor's few lines only
+        # One per store and process (a forked child makes its own; the parent's session is never
+        # closed there): two made at once, one would be lost with its session open (close() could
+        # not reach it, and a test database could not be dropped).
+        self._listeners: ProcessLocal[Listener] = ProcessLocal(self._new_listener)
         for message in configuration_messages(using):
             raise ImproperlyConfigured(f"{message.msg} {message.hint}")
         self._pools = Pools(self)
@@ -167,21 +168,22 @@ class DatabaseStore(LockStore):
         """PostgreSQL only, with ``listen_using`` set: woken by the ``NOTIFY`` of a release."""
         if self.listen_using is None or connections[self.using].vendor != "postgresql":
             raise NotImplementedError
-        listener = self._listener
-        if listener is None or listener.pid != os.getpid():
-            # One per store and process: two made at once, one would be lost with its session
-            # open (close() could not reach it, and a test database could not be dropped).
-            with self._listener_lock:
-                listener = self._listener
-                if listener is None or listener.pid != os.getpid():
-                    listener = self._listener = Listener(self.listen_using, self.timeout)
-        return listener.wait(key, timeout)
+        return self._listeners.get().wait(key, timeout)
+
+    def _new_listener(self) -> Listener:
+        assert self.listen_using is not None  # wait_for_release() checked
+        return Listener(self.listen_using, self.timeout)
+
+    @property
+    def _listener(self) -> Listener | None:
+        """This process's listener, if it made one."""
+        return self._listeners.peek()
 
     # Life cycle and diagnostics.
 
     def close(self) -> None:
         self._pools.close()
-        listener, self._listener = self._listener, None
+        listener = self._listeners.take()
         if listener is not None:
             listener.close()
 

@@ -115,7 +115,8 @@ class RedisStore(LockStore):
         self._options = parsed
         self._connection_kwargs = parsed.connection_kwargs
         self._process: runtime.ProcessLocal[_Process] = runtime.ProcessLocal(lambda: _Process(self))
-        self._waits_lock = threading.Lock()
+        # Per process: another thread may hold it at fork() time.
+        self._waits_lock = runtime.ProcessLocal(threading.Lock)
         self._waits_down = False  # waits for release notices fail (logged once per outage)
 
     def __repr__(self) -> str:
@@ -207,7 +208,7 @@ class RedisStore(LockStore):
         return False  # not reached
 
     def _waits_failing(self, exc: BaseException) -> None:
-        with self._waits_lock:
+        with self._waits_lock.get():
             first, self._waits_down = not self._waits_down, True
         if first:
             logger.warning(
@@ -218,7 +219,7 @@ class RedisStore(LockStore):
 
     def _waits_work(self) -> None:
         if self._waits_down:
-            with self._waits_lock:
+            with self._waits_lock.get():
                 self._waits_down = False
             logger.info("Waiting for release notices on Redis works again")
 
