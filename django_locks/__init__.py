@@ -2,54 +2,23 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.2.0.dev0"
 
-__all__ = [
-    "AbortSignal",
-    "Lock",
-    "LockLostError",
-    "LockNotAcquiredError",
-    "LockReleasedError",
-    "Locks",
-    "LocksError",
-    "StoreError",
-    "StoreTimeoutError",
-    "current_lock",
-    "leader_election",
-    "locks",
-    "on_one_instance",
-    "without_overlapping",
-]
-
-if TYPE_CHECKING:
-    from django_locks.abort import AbortSignal
-    from django_locks.context import current_lock
-    from django_locks.decorators import on_one_instance, without_overlapping
-    from django_locks.exceptions import (
-        LockLostError,
-        LockNotAcquiredError,
-        LockReleasedError,
-        LocksError,
-        StoreError,
-        StoreTimeoutError,
-    )
-    from django_locks.leader import leader_election
-    from django_locks.lock import Lock
-    from django_locks.service import Locks, locks
-
-# Imported on first access, so that `import django_locks` (as INSTALLED_APPS does) needs no
-# configured settings and loads no models.
+# The public names and the module each lives in, listed once for Python: each is imported on
+# first access, so that `import django_locks` (as INSTALLED_APPS does) needs no configured
+# settings and loads no models. `__all__` and `dir()` are its keys.
 _LAZY = {
     "AbortSignal": "django_locks.abort",
     "current_lock": "django_locks.context",
     "LockLostError": "django_locks.exceptions",
     "LockNotAcquiredError": "django_locks.exceptions",
     "LockReleasedError": "django_locks.exceptions",
-    "StoreTimeoutError": "django_locks.exceptions",
     "LocksError": "django_locks.exceptions",
     "StoreError": "django_locks.exceptions",
+    "StoreTimeoutError": "django_locks.exceptions",
     "leader_election": "django_locks.leader",
     "Lock": "django_locks.lock",
     "Locks": "django_locks.service",
@@ -58,14 +27,32 @@ _LAZY = {
     "without_overlapping": "django_locks.decorators",
 }
 
+__all__ = sorted(_LAZY)
+
+if TYPE_CHECKING:
+    # The same names for type checkers, which cannot read the table above (re-exported by the
+    # `as`); tests/test_public_names.py keeps the two equal.
+    from django_locks.abort import AbortSignal as AbortSignal
+    from django_locks.context import current_lock as current_lock
+    from django_locks.decorators import on_one_instance as on_one_instance
+    from django_locks.decorators import without_overlapping as without_overlapping
+    from django_locks.exceptions import LockLostError as LockLostError
+    from django_locks.exceptions import LockNotAcquiredError as LockNotAcquiredError
+    from django_locks.exceptions import LockReleasedError as LockReleasedError
+    from django_locks.exceptions import LocksError as LocksError
+    from django_locks.exceptions import StoreError as StoreError
+    from django_locks.exceptions import StoreTimeoutError as StoreTimeoutError
+    from django_locks.leader import leader_election as leader_election
+    from django_locks.lock import Lock as Lock
+    from django_locks.service import Locks as Locks
+    from django_locks.service import locks as locks
+
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        import importlib
-
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(__all__)
+    return list(__all__)
