@@ -20,7 +20,7 @@ from django_locks.context import _current
 from django_locks.durations import Duration
 from django_locks.exceptions import LockNotAcquiredError, StoreError, StoreTimeoutError
 from django_locks.keys import validate_key
-from django_locks.lock import Lock, release_failed
+from django_locks.lock import Lock
 from django_locks.policy import POLICY
 from django_locks.renewal import Keeper
 from django_locks.stores.base import LockStore
@@ -315,11 +315,8 @@ class LockBlock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        lock = self._leaving()
-        try:
-            lock.release()
-        except StoreError as error:
-            release_failed(lock, error)  # the block's result or exception is kept
+        # The lock's own block ends the same way: released, a failure logged, not raised.
+        self._leaving().__exit__(exc_type, exc, tb)
 
     async def __aenter__(self) -> Lock:
         return self._entered(await self._locks._aacquire(*self._args))
@@ -330,12 +327,8 @@ class LockBlock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        lock = self._leaving()
-        try:
-            # Runs to its end whatever the cancellation (see Lock.arelease).
-            await lock.arelease()
-        except StoreError as error:
-            release_failed(lock, error)  # the block's result or exception is kept
+        # Runs to its end whatever the cancellation (see Lock.arelease).
+        await self._leaving().__aexit__(exc_type, exc, tb)
 
 
 class _Owners:
