@@ -36,9 +36,10 @@ class DjangoLocksConfig(AppConfig):
 
 def _on_setting_changed(*, setting: str, value: Any = None, **kwargs: Any) -> None:
     if setting == "LOCKS":
-        from django_locks import conf
+        from django_locks import conf, service
 
         conf.reset()
+        service.forget_default()
     elif setting == "DEBUG":
         from django_locks import conf
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -14,9 +14,6 @@ from django.utils.module_loading import import_string
 from django_locks.clock import Clock
 from django_locks.durations import min_hold_ms, ttl_ms
 from django_locks.stores.base import LockStore
-
-if TYPE_CHECKING:
-    from django_locks.service import Locks
 
 DEFAULTS: dict[str, Any] = {
     "BACKEND": "django_locks.stores.DatabaseStore",
@@ -127,10 +124,12 @@ def _read_clock(value: object) -> Clock | None:
 
 
 def build_store(config: LocksSettings) -> LockStore:
-    """Instantiate the configured store (stores connect lazily: no I/O here)."""
+    """Instantiate the configured store (stores connect lazily: no I/O here). A store whose
+    leases run on a clock it is given says so (``takes_clock``, as ``InMemoryStore`` does): it
+    gets ``LOCKS["CLOCK"]`` as its ``clock`` option unless ``OPTIONS`` names one."""
     options = dict(config.options)
     _refuse_unknown_options(config, options)
-    if config.in_memory and config.clock is not None:
+    if config.clock is not None and takes_clock(config.backend):
         options.setdefault("clock", config.clock)
     try:
         return config.backend(**options)
@@ -138,6 +137,12 @@ def build_store(config: LocksSettings) -> LockStore:
         raise ImproperlyConfigured(
             f"LOCKS['OPTIONS'] are not valid for {config.backend_path}: {exc}"
         ) from exc
+
+
+def takes_clock(backend: type[LockStore]) -> bool:
+    """Whether stores of ``backend`` keep their leases on the clock they are given (a class
+    attribute of the store; none of the server stores, whose clock is the server's)."""
+    return getattr(backend, "takes_clock", False) is True
 
 
 def _refuse_unknown_options(config: LocksSettings, options: dict[str, Any]) -> None:
@@ -180,25 +185,9 @@ def get() -> LocksSettings:
     return read()
 
 
-def build_locks() -> Locks:
-    from django_locks.service import Locks
-
-    config = get()
-    store = build_store(config)
-    # A ManualClock in LOCKS["CLOCK"] moves a server store's leases with it (warp(), SPEC
-    # section 7), as it moves the in-memory store it is handed above.
-    attach = getattr(config.clock, "attach", None)
-    if attach is not None and not config.in_memory and type(store).warp is not LockStore.warp:
-        attach(store)
-    return Locks(store, ttl=config.ttl_ms / 1000, clock=config.clock)
-
-
 def reset() -> None:
-    """Forget the settings and the default service (``LOCKS`` changed)."""
-    from django_locks.service import locks
-
+    """Forget the settings (``LOCKS`` changed): the next ``get()`` reads them again."""
     get.cache_clear()
-    locks._reset()  # type: ignore[attr-defined]
 
 
 _configured_debug: bool | None = None

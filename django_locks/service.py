@@ -368,9 +368,7 @@ class DefaultLocks(LazyObject):  # type: ignore[type-arg]
     _wrapped: object
 
     def _setup(self) -> None:
-        from django_locks import conf
-
-        self._wrapped = conf.build_locks()
+        self._wrapped = _from_settings()
 
     def _reset(self) -> None:
         wrapped = self._wrapped
@@ -379,4 +377,31 @@ class DefaultLocks(LazyObject):  # type: ignore[type-arg]
             wrapped.store.close()
 
 
-locks: Locks = DefaultLocks()  # type: ignore[assignment]
+def _from_settings() -> Locks:
+    """The service ``LOCKS`` describes: conf reads the setting and builds the store, the
+    service puts them together (conf never builds nor resets a service)."""
+    from django_locks import conf
+
+    config = conf.get()
+    store = conf.build_store(config)
+    clock = config.clock
+    # A ManualClock in LOCKS["CLOCK"] moves a server store's leases with it (warp(), SPEC
+    # section 7); a store that takes the clock (the in-memory one) was given it instead.
+    attach = getattr(clock, "attach", None)
+    if (
+        attach is not None
+        and not conf.takes_clock(config.backend)
+        and type(store).warp is not LockStore.warp
+    ):
+        attach(store)
+    # The ttl in the milliseconds it was validated to, not through seconds and back.
+    return Locks(store, ttl=f"{config.ttl_ms}ms", clock=clock)
+
+
+_default = DefaultLocks()
+locks: Locks = _default  # type: ignore[assignment]
+
+
+def forget_default() -> None:
+    """Close and forget the default service (``LOCKS`` changed): the next use builds it anew."""
+    _default._reset()

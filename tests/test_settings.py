@@ -64,6 +64,33 @@ def test_override_settings_rebuilds_the_service_without_the_refusal() -> None:
     assert locks.ttl_ms == 30_000
 
 
+def test_a_store_that_takes_the_clock_is_given_it_and_not_warped_too() -> None:
+    """The in-memory store runs on LOCKS["CLOCK"]: a second move by warp() would expire its
+    leases at half their ttl."""
+    clock = ManualClock()
+    with override_settings(LOCKS={"BACKEND": MEMORY, "CLOCK": clock}):
+        store = locks.store
+        assert store.acquire("moved-once", "owner", 10_000) is not None
+        clock.advance("6s")
+        assert store.acquire("moved-once", "other", 10_000) is None, "6 s of a 10 s lease"
+        clock.advance("5s")
+        assert store.acquire("moved-once", "other", 10_000) is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_server_store_travels_with_a_manual_clock_in_the_setting() -> None:
+    clock = ManualClock()
+    backend = {"BACKEND": "django_locks.stores.DatabaseStore", "CLOCK": clock}
+    with override_settings(LOCKS=backend):
+        store = locks.store
+        assert not isinstance(store, InMemoryStore)
+        assert store.acquire("travels", "owner", 30_000) is not None
+        clock.advance("29s")
+        assert store.acquire("travels", "other", 30_000) is None
+        clock.advance("2s")  # expired on the database's clock, with no sleeping
+        assert store.acquire("travels", "other", 30_000) is not None
+
+
 def test_a_real_startup_refuses_the_in_memory_store_with_debug_false(tmp_path) -> None:
     script = textwrap.dedent(
         """

@@ -33,6 +33,10 @@ class InMemoryStore(LockStore):
     ``LOCKS["ALLOW_IN_MEMORY_STORAGE"]`` is set, since every process has its own.
     """
 
+    takes_clock = True
+    """Its leases run on its clock: ``LOCKS["CLOCK"]`` is passed as its ``clock`` option (a
+    ``ManualClock`` moves them by moving, not by ``warp()``)."""
+
     def __init__(self, *, clock: Clock | None = None) -> None:
         if clock is not None and not isinstance(clock, Clock):
             raise TypeError(f"`clock` must be a django_locks Clock, got {clock!r}")
