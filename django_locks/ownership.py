@@ -1,54 +1,244 @@
-"""Owner leases held by this process: the sticky leases of plain functions, kept until exit."""
+"""Who owns what in this process: owner leases, leadership terms, and waiting for a release."""
 
 from __future__ import annotations
 
 import atexit
 import logging
 import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Literal
 
+from django_locks import signals
+from django_locks.exceptions import LocksError, StoreError
 from django_locks.lock import Lock
+
+if TYPE_CHECKING:
+    from django_locks.abort import AbortSignal
+    from django_locks.service import Locks
+    from django_locks.stores.base import LockStore
 
 logger = logging.getLogger("django_locks")
 
-_sticky: dict[str, Lock] = {}
-_sticky_mutex = threading.Lock()
-_atexit_registered = False
+LostReason = Literal["lost", "released"]
+Notice = Literal["released", "waited", "no notices"]
+
+NOTICE_SLICE = 0.25
+"""Seconds of one wait for a store's release notice, between checks for a stop."""
 
 
-def owned(key: str) -> Lock | None:
-    """The sticky lease on ``key`` if this process still holds it: no store call."""
-    lock = _sticky.get(key)
-    return lock if lock is not None and lock.held else None
-
-
-def keep(name: str, key: str, lock: Lock) -> None:
-    """Keep ``lock`` as the sticky owner lease of the job ``name`` until exit (or until lost)."""
-    global _atexit_registered
-    with _sticky_mutex:
-        _sticky[key] = lock
-        if not _atexit_registered:
-            atexit.register(release_owner_leases)
-            _atexit_registered = True
-    log_owner(name, lock)
-
-
-def release_owner_leases() -> None:
-    """Hand back every sticky owner lease this process holds (at exit, or in tests)."""
-    with _sticky_mutex:
-        held = list(_sticky.values())
-        _sticky.clear()
-    for lock in held:
-        try:
-            lock.release()
-        except Exception as exc:  # at exit even spawning may fail: every other lease goes on
-            logger.warning("Handing back %r failed (%s); it lapses at its ttl", lock.key, exc)
+# Owner leases.
 
 
 def log_owner(name: str, lock: Lock) -> None:
-    """Log that the job ``name`` runs here, under ``lock``."""
+    """Log that the job ``name`` runs here, under ``lock``: the one "runs on this instance"."""
     logger.info(
         "%s runs on this instance (lease %r, fencing token %s)",
         name,
         lock.key,
         lock.fencing_token,
     )
+
+
+class OwnerLeases:
+    """Owner leases held by this process, by key: taken with one store call, then held without
+    any while their renewals last, and handed back together.
+
+    ``service`` is the ``Locks`` that takes them (called at each take: the default service is
+    rebuilt when the setting changes). ``handed_back(lock, grace)`` is told of each lease the
+    store confirmed handed back (``grace``: the seconds it stays, 0 for at once).
+    """
+
+    def __init__(
+        self,
+        service: Callable[[], Locks] | None = None,
+        *,
+        handed_back: Callable[[Lock, float], None] | None = None,
+    ) -> None:
+        self.service = service if service is not None else _default_service
+        self.handed_back = handed_back
+        self.by_key: dict[str, Lock] = {}
+        self.mutex = threading.Lock()
+
+    def held(self, key: str) -> Lock | None:
+        """The lease on ``key`` while this process holds it: no store call. A lost lease is not
+        held (the next take takes it again, or finds it taken)."""
+        lock = self.by_key.get(key)
+        return lock if lock is not None and lock.held else None
+
+    def take(self, name: str, key: str, ttl_ms: int | None = None) -> Lock | None:
+        """The lease on ``key`` for the job ``name``: held already, or taken with one acquire
+        (kept, logged), else None (another process holds it). ``ttl_ms``: the service's when
+        None. Raises ``StoreError`` when the store fails."""
+        lock = self.held(key)
+        if lock is not None:
+            return lock
+        locks = self.service()
+        lock = locks._acquire(key, locks.ttl_ms if ttl_ms is None else ttl_ms, 0.0, None)
+        if lock is not None:
+            self.keep(name, lock)
+        return lock
+
+    def keep(self, name: str, lock: Lock) -> None:
+        """Keep ``lock`` (taken by the caller) as the job ``name``'s lease; logged."""
+        with self.mutex:
+            self.by_key[lock.key] = lock
+        log_owner(name, lock)
+
+    def hand_back(
+        self, grace: Callable[[Lock], float] | None = None, also: Iterable[Lock] = ()
+    ) -> None:
+        """Hand back every lease held (and those of ``also``), forgetting them.
+
+        ``grace(lock)``: seconds the lease stays in the store, then lapses unrenewed (it keeps
+        others out that long); 0 or less, or no ``grace``: released at once. One failure does
+        not keep the others: a lease whose hand-back fails lapses at its ttl.
+        """
+        with self.mutex:
+            leases = [*self.by_key.values(), *also]
+            self.by_key.clear()
+        for lock in leases:
+            try:
+                seconds = grace(lock) if grace is not None else 0.0
+                # Under a millisecond (the shortest lease) is at once.
+                seconds = seconds if seconds >= 0.001 else 0.0
+                done = lock.leave_for(seconds) if seconds else lock.release()
+                if done and self.handed_back is not None:
+                    self.handed_back(lock, seconds)
+            except (LocksError, RuntimeError) as exc:
+                # A store failure, or at interpreter exit a thread that can no longer start.
+                logger.warning("Handing back %r failed (%s); it lapses at its ttl", lock.key, exc)
+            except Exception:
+                logger.exception("Handing back %r failed; it lapses at its ttl", lock.key)
+
+
+def _default_service() -> Locks:
+    from django_locks.service import locks
+
+    return locks
+
+
+class _Sticky(OwnerLeases):
+    """The sticky owner leases of plain functions: handed back when the process exits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._exit_registered = False
+
+    def keep(self, name: str, lock: Lock) -> None:
+        with self.mutex:
+            if not self._exit_registered:
+                atexit.register(self.hand_back)
+                self._exit_registered = True
+        super().keep(name, lock)
+
+
+sticky: OwnerLeases = _Sticky()
+"""The process's sticky owner leases (``on_one_instance`` on plain functions)."""
+
+
+def release_owner_leases() -> None:
+    """Hand back every sticky owner lease this process holds (at exit, or in tests)."""
+    sticky.hand_back()
+
+
+# Leadership terms.
+
+
+def announce_leadership(key: str, lock: Lock, ended: LostReason | None = None) -> None:
+    """Send ``leadership_acquired`` (``ended`` None) or ``leadership_lost`` with ``reason=ended``:
+    the one place either is sent, always with the ``Locks`` class as sender (SPEC section 2)."""
+    from django_locks.service import Locks
+
+    if ended is None:
+        signals.send(
+            signals.leadership_acquired,
+            Locks,
+            key=key,
+            fencing_token=lock.fencing_token,
+            lock=lock,
+        )
+    else:
+        signals.send(
+            signals.leadership_lost,
+            Locks,
+            key=key,
+            fencing_token=lock.fencing_token,
+            reason=ended,
+        )
+
+
+class Term:
+    """One leadership term of this process on ``key``, under ``lock``: announced when it begins
+    (on creation) and once when it ends (a second ``end`` announces nothing)."""
+
+    def __init__(self, key: str, lock: Lock) -> None:
+        self.key = key
+        self.lock = lock
+        self.ended: LostReason | None = None
+        self._mutex = threading.Lock()
+        announce_leadership(key, lock)
+
+    @property
+    def fencing_token(self) -> int:
+        return self.lock.fencing_token
+
+    def end(self, reason: LostReason) -> bool:
+        """Announce the end of the term (``"lost"`` or ``"released"``); False when it was
+        announced already."""
+        with self._mutex:
+            if self.ended is not None:
+                return False
+            self.ended = reason
+        announce_leadership(self.key, self.lock, reason)
+        return True
+
+
+# Waiting for a release.
+
+
+def wait_for_release(
+    store: LockStore,
+    key: str,
+    until: float,
+    *,
+    stop: threading.Event | AbortSignal | None = None,
+    monotonic: Callable[[], float] = time.monotonic,
+) -> Notice:
+    """Wait until ``until`` (``monotonic``'s seconds) for ``store``'s notice that ``key`` was
+    released, returning early when ``stop`` is set (an event) or aborts (a signal).
+
+    ``"released"``: a notice came. ``"waited"``: the time passed, or ``stop`` came first.
+    ``"no notices"``: the store sends none; the rest of the time was slept (``stop`` still
+    ends it early). A failing notice channel is not the store failing: its slice is slept, the
+    next slice waits for a notice again.
+    """
+    while not _stopped(stop):
+        remaining = until - monotonic()
+        if remaining <= 0:
+            return "waited"
+        # Slices keep a stop noticed within NOTICE_SLICE while the store waits.
+        slice_ = min(NOTICE_SLICE, remaining)
+        try:
+            if store.wait_for_release(key, slice_):
+                return "released"
+        except NotImplementedError:
+            _sleep(stop, remaining)
+            return "no notices"
+        except StoreError as exc:
+            logger.debug("Waiting for a release notice of %r failed: %s", key, exc)
+            _sleep(stop, slice_)
+    return "waited"
+
+
+def _stopped(stop: threading.Event | AbortSignal | None) -> bool:
+    if stop is None:
+        return False
+    return stop.is_set() if isinstance(stop, threading.Event) else stop.aborted
+
+
+def _sleep(stop: threading.Event | AbortSignal | None, seconds: float) -> None:
+    if stop is None:
+        time.sleep(max(seconds, 0.0))
+    else:
+        stop.wait(max(seconds, 0.0))

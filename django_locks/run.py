@@ -1,23 +1,25 @@
 """How a decorated job's call runs: the owner lease checked, the run lock held, the run skipped.
 
-One protocol for sync and async functions (a sticky owner lease) and one for management commands
-(the owner lease per run, kept until ``min_hold`` after the run's start).
+One protocol, its I/O steps yielded to a sync or an async driver, with the owner lease's policy in
+front: sticky for functions, per run and kept until ``min_hold`` for management commands, none for
+a Celery task (beat enforces it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import sys
-from collections.abc import Callable
-from typing import Any, cast
+from collections.abc import Awaitable, Callable, Generator
+from typing import Any
 
 from django_locks import signals
 from django_locks.context import running_under
 from django_locks.exceptions import LocksError, StoreError
 from django_locks.job import JobSpec
 from django_locks.lock import Lock, release_failed
-from django_locks.ownership import keep, log_owner, owned
+from django_locks.ownership import log_owner, sticky
 
 logger = logging.getLogger("django_locks")
 
@@ -49,10 +51,6 @@ def _locks() -> Any:
     from django_locks.service import locks
 
     return locks
-
-
-def _seconds(ms: int | None) -> float | None:
-    return None if ms is None else ms / 1000
 
 
 def skipped(name: str, key: str, reason: str, *, level: int = logging.INFO) -> None:
@@ -93,6 +91,198 @@ async def _arelease(lock: Lock) -> None:
         release_failed(lock, error)
 
 
+# The run protocol: a generator of the steps that need I/O, whose answers are sent back into
+# it. Sync and async runs share it whole; their drivers (below) differ only in how each step
+# is done. The policies in front (a sticky owner lease, a per-run one kept for min_hold, none
+# for a Celery task) are generators too, ending in the same run-lock steps.
+
+
+@dataclasses.dataclass(frozen=True)
+class Acquire:
+    """Try ``key`` once for ``ttl_ms`` (checked values); answered with the Lock or None."""
+
+    key: str
+    ttl_ms: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Release:
+    """Release ``lock`` (a store failure is logged, see :func:`_release`)."""
+
+    lock: Lock
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaveFor:
+    """Leave ``lock`` in the store ``ms`` more, then let it lapse (commands: synchronous)."""
+
+    lock: Lock
+    ms: int
+
+
+class Call:
+    """Call the job; answered with its result, or its exception thrown in."""
+
+
+CALL = Call()
+Step = Acquire | Release | LeaveFor | Call
+Steps = Generator[Step, Any, Any]
+
+
+def _ttl_ms(locks: Any, ttl_ms: int | None) -> int:
+    return locks.ttl_ms if ttl_ms is None else ttl_ms
+
+
+def _run_lock_steps(
+    spec: JobSpec,
+    locks: Any,
+    owner: Lock | None,
+    run_key: str | None,
+    busy: Callable[[str], None],
+) -> Generator[Step, Any, tuple[bool, Any]]:
+    """The call under the run lock ``run_key`` (linked to ``owner``), or under ``owner`` when
+    the job has no run lock: ``(True, result)``; ``(False, None)`` when the run lock is held
+    elsewhere (``busy(run_key)`` was told)."""
+    if run_key is None:
+        if owner is None:
+            return True, (yield CALL)
+        with running_under(owner):
+            return True, (yield CALL)
+    assert spec.run is not None
+    lock = yield Acquire(run_key, _ttl_ms(locks, spec.run.ttl_ms))
+    if lock is None:
+        busy(run_key)
+        return False, None
+    unlink = _link(owner, lock)
+    try:
+        with running_under(lock):
+            return True, (yield CALL)
+    finally:
+        unlink()
+        yield Release(lock)
+
+
+def _function_steps(
+    spec: JobSpec, locks: Any, task: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Steps:
+    """A function's call: its sticky owner lease (not as a Celery task: beat enforces that),
+    taken once and then checked without a store call; then the run lock."""
+    owner: Lock | None = None
+    if spec.once is not None and task is None:
+        key = spec.owner_key(args, kwargs, None)
+        owner = sticky.held(key)
+        if owner is None:
+            owner = yield Acquire(key, _ttl_ms(locks, spec.once.ttl_ms))
+            if owner is None:
+                skipped(spec.name, key, ELSEWHERE, level=logging.DEBUG)
+                return None
+            sticky.keep(spec.name, owner)
+    run_key = spec.run_key(args, kwargs, task) if spec.run is not None else None
+
+    def busy(key: str) -> None:
+        skipped(task or spec.name, key, IN_PROGRESS)
+
+    _, result = yield from _run_lock_steps(spec, locks, owner, run_key, busy)
+    return result
+
+
+def _command_steps(
+    spec: JobSpec, locks: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Steps:
+    """A command's run: the owner lease per run, kept until ``min_hold`` after the run's start
+    (a run that raises or is skipped hands it back at once); then the run lock."""
+    from django_locks import conf
+
+    command = args[0] if args else None
+    started = locks.clock.monotonic()
+    owner: Lock | None = None
+    if spec.once is not None:
+        key = spec.owner_key(args, kwargs, None)
+        owner = yield Acquire(key, _ttl_ms(locks, spec.once.ttl_ms))
+        if owner is None:
+            _command_skipped(spec, command, key, ELSEWHERE, "its hold ends")
+            return None
+        log_owner(spec.name, owner)
+
+    def busy(key: str) -> None:
+        _command_skipped(spec, command, key, IN_PROGRESS, "its lease expires")
+
+    try:
+        run_key = spec.run_key(args, kwargs, None) if spec.run is not None else None
+        ran, result = yield from _run_lock_steps(spec, locks, owner, run_key, busy)
+    except BaseException:
+        # A run that raises releases at once: the next tick, anywhere, may try again.
+        if owner is not None:
+            yield Release(owner)
+        raise
+    if owner is None:
+        return result
+    if not ran:
+        yield Release(owner)  # a store error is logged: the skip still exits 0
+        return None
+    assert spec.once is not None
+    min_hold_ms = spec.once.min_hold_ms
+    if min_hold_ms is None:
+        min_hold_ms = conf.get().min_hold_ms
+    remaining_ms = int(min_hold_ms - (locks.clock.monotonic() - started) * 1000)
+    if remaining_ms > 0:
+        yield LeaveFor(owner, remaining_ms)
+    else:
+        yield Release(owner)  # never raised over the run's result (SPEC section 10)
+    return result
+
+
+def _drive(locks: Any, steps: Steps, call: Callable[[], Any]) -> Any:
+    """Run ``steps`` with blocking I/O: each step done here, its answer (or error) sent back."""
+    answer: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step = steps.send(answer) if error is None else steps.throw(error)
+        except StopIteration as done:
+            return done.value
+        except RuntimeError as exc:
+            if isinstance(error, StopIteration) and exc.__cause__ is error:
+                raise error from None  # the job's own, which a generator may not pass on
+            raise
+        answer, error = None, None
+        try:
+            if isinstance(step, Call):
+                answer = call()
+            elif isinstance(step, Acquire):
+                answer = locks._acquire(step.key, step.ttl_ms, 0.0, None)
+            elif isinstance(step, Release):
+                _release(step.lock)
+            else:
+                _hold_and_leave(step.lock, step.ms)
+        except BaseException as exc:
+            error = exc
+
+
+async def _adrive(locks: Any, steps: Steps, call: Callable[[], Awaitable[Any]]) -> Any:
+    """:func:`_drive` for coroutines: each step awaited (a cancellation is thrown in as any
+    error is, so the run lock's release still runs to its end)."""
+    answer: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step = steps.send(answer) if error is None else steps.throw(error)
+        except StopIteration as done:
+            return done.value
+        answer, error = None, None
+        try:
+            if isinstance(step, Call):
+                answer = await call()
+            elif isinstance(step, Acquire):
+                answer = await locks._aacquire(step.key, step.ttl_ms, 0.0, None)
+            elif isinstance(step, Release):
+                await _arelease(step.lock)
+            else:
+                raise TypeError("min_hold is for management commands, which are synchronous")
+        except BaseException as exc:
+            error = exc
+
+
 def run_function(
     spec: JobSpec, wrapper: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
@@ -100,33 +290,8 @@ def run_function(
     task: beat enforces that), then the run lock for the call."""
     task = _task_name(wrapper)
     locks = _locks()
-    owner: Lock | None = None
-    if spec.once is not None and task is None:
-        key = spec.owner_key(args, kwargs, None)
-        owner = owned(key)
-        if owner is None:
-            owner = locks.acquire(key, ttl=_seconds(spec.once.ttl_ms))
-            if owner is None:
-                skipped(spec.name, key, ELSEWHERE, level=logging.DEBUG)
-                return None
-            keep(spec.name, key, owner)
-    if spec.run is None:
-        if owner is None:
-            return spec.func(*args, **kwargs)
-        with running_under(owner):
-            return spec.func(*args, **kwargs)
-    run_key = spec.run_key(args, kwargs, task)
-    lock = locks.acquire(run_key, ttl=_seconds(spec.run.ttl_ms))
-    if lock is None:
-        skipped(task or spec.name, run_key, IN_PROGRESS)
-        return None
-    unlink = _link(owner, lock)
-    try:
-        with running_under(lock):
-            return spec.func(*args, **kwargs)
-    finally:
-        unlink()
-        _release(lock)
+    steps = _function_steps(spec, locks, task, args, kwargs)
+    return _drive(locks, steps, lambda: spec.func(*args, **kwargs))
 
 
 async def arun_function(
@@ -135,33 +300,8 @@ async def arun_function(
     """:func:`run_function` for a coroutine function."""
     task = _task_name(wrapper)
     locks = _locks()
-    owner: Lock | None = None
-    if spec.once is not None and task is None:
-        key = spec.owner_key(args, kwargs, None)
-        owner = owned(key)
-        if owner is None:
-            owner = await locks.aacquire(key, ttl=_seconds(spec.once.ttl_ms))
-            if owner is None:
-                skipped(spec.name, key, ELSEWHERE, level=logging.DEBUG)
-                return None
-            keep(spec.name, key, owner)
-    if spec.run is None:
-        if owner is None:
-            return await spec.func(*args, **kwargs)
-        with running_under(owner):
-            return await spec.func(*args, **kwargs)
-    run_key = spec.run_key(args, kwargs, task)
-    lock = await locks.aacquire(run_key, ttl=_seconds(spec.run.ttl_ms))
-    if lock is None:
-        skipped(task or spec.name, run_key, IN_PROGRESS)
-        return None
-    unlink = _link(owner, lock)
-    try:
-        with running_under(lock):
-            return await spec.func(*args, **kwargs)
-    finally:
-        unlink()
-        await _arelease(lock)
+    steps = _function_steps(spec, locks, task, args, kwargs)
+    return await _adrive(locks, steps, lambda: spec.func(*args, **kwargs))
 
 
 # Management commands: short-lived runs, one per cron tick on every host.
@@ -170,53 +310,10 @@ async def arun_function(
 def run_command(spec: JobSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """One run of a decorated command's ``handle()``: the owner lease per run, kept until
     ``min_hold`` after the run's start, and the run lock for the run."""
-    from django_locks import conf
-
-    command = args[0] if args else None
     locks = _locks()
-    started = locks.clock.monotonic()
-    owner: Lock | None = None
-    if spec.once is not None:
-        key = spec.owner_key(args, kwargs, None)
-        owner = locks.acquire(key, ttl=_seconds(spec.once.ttl_ms))
-        if owner is None:
-            _command_skipped(spec, command, key, ELSEWHERE, "its hold ends")
-            return None
-        log_owner(spec.name, owner)
-    try:
-        lock: Lock | None = None
-        if spec.run is not None:
-            run_key = spec.run_key(args, kwargs, None)
-            lock = locks.acquire(run_key, ttl=_seconds(spec.run.ttl_ms))
-            if lock is None:
-                _command_skipped(spec, command, run_key, IN_PROGRESS, "its lease expires")
-                if owner is not None:
-                    _release(owner)  # a store error is logged: the skip still exits 0
-                return None
-        unlink = _link(owner, lock) if lock is not None else (lambda: None)
-        try:
-            with running_under(lock or cast(Lock, owner)):
-                result = spec.func(*args, **kwargs)
-        finally:
-            unlink()
-            if lock is not None:
-                _release(lock)
-    except BaseException:
-        # A run that raises releases at once: the next tick, anywhere, may try again.
-        if owner is not None:
-            _release(owner)
-        raise
-    if owner is not None:
-        assert spec.once is not None
-        min_hold_ms = spec.once.min_hold_ms
-        if min_hold_ms is None:
-            min_hold_ms = conf.get().min_hold_ms
-        remaining_ms = int(min_hold_ms - (locks.clock.monotonic() - started) * 1000)
-        if remaining_ms > 0:
-            _hold_and_leave(owner, remaining_ms)
-        else:
-            _release(owner)  # never raised over the run's result (SPEC section 10)
-    return result
+    return _drive(
+        locks, _command_steps(spec, locks, args, kwargs), lambda: spec.func(*args, **kwargs)
+    )
 
 
 def _hold_and_leave(lock: Lock, remaining_ms: int) -> None:
