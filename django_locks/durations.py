@@ -6,7 +6,7 @@ import datetime
 import math
 import re
 
-from django_locks.policy import MIN_TTL_MS
+from django_locks.policy import MIN_TTL_MS as MIN_TTL_MS  # the renewal policy's, read here
 
 Duration = float | int | datetime.timedelta | str
 
