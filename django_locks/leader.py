@@ -15,26 +15,22 @@ import inspect
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from django.db import close_old_connections
 from django.utils.module_loading import autodiscover_modules
 
-from django_locks import durations, registry, signals
+from django_locks import durations, registry
 from django_locks.context import running_under
 from django_locks.durations import Duration
 from django_locks.exceptions import AbortedError, LockLostError, LocksError, StoreError
 from django_locks.keys import validate_key
 from django_locks.lock import Lock
+from django_locks.ownership import LostReason, Term, wait_for_release
 from django_locks.policy import POLICY
 from django_locks.service import Locks
 
 logger = logging.getLogger("django_locks")
-
-LostReason = Literal["lost", "released"]
-
-NOTICE_SLICE = 0.25
-"""Seconds of one wait for a release notice, between checks for a stop request."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,6 +133,7 @@ class Campaign:
         self.instance = election.target() if election.is_class else None
         self._failures = 0
         self._leader_seen: str | None = None  # the leader a follower last said it follows
+        self._term: Term | None = None  # the current or last term of this process
 
     def _say(self, line: str, *args: Any, level: int = logging.INFO) -> None:
         logger.log(level, line, *args)
@@ -154,7 +151,7 @@ class Campaign:
     def _campaign(self) -> None:
         while not self.stopping.is_set():
             try:
-                lock = self.locks.acquire(self.key, ttl=self.ttl_ms / 1000)
+                lock = self.locks._acquire(self.key, self.ttl_ms, 0.0, None)  # checked ms
             except StoreError as exc:
                 self._say("Campaign for %s failed: %s", self.key, exc, level=logging.WARNING)
                 self.stopping.wait(POLICY.campaign_every(self.ttl))
@@ -197,30 +194,15 @@ class Campaign:
         """Wait up to ``ttl / 3`` for the next campaign, woken early by a release notice
         (``True``: woken by one)."""
         give_up = self.locks.clock.monotonic() + POLICY.campaign_every(self.ttl)
-        while not self.stopping.is_set():
-            remaining = give_up - self.locks.clock.monotonic()
-            if remaining <= 0:
-                return False
-            try:
-                if self.locks.store.wait_for_release(self.key, min(NOTICE_SLICE, remaining)):
-                    return True
-            except NotImplementedError:
-                self.stopping.wait(remaining)
-                return False
-            except StoreError as exc:
-                logger.debug("Waiting for a release of %s failed: %s", self.key, exc)
-                self.stopping.wait(min(NOTICE_SLICE, remaining))
-        return False
+        clock = self.locks.clock
+        waited = wait_for_release(
+            self.locks.store, self.key, give_up, stop=self.stopping, monotonic=clock.monotonic
+        )
+        return waited == "released"
 
     def _lead(self, lock: Lock) -> str:
         self._say("Leading %s (fencing token %s)", self.key, lock.fencing_token)
-        signals.send(
-            signals.leadership_acquired,
-            Locks,
-            key=self.key,
-            fencing_token=lock.fencing_token,
-            lock=lock,
-        )
+        self._term = Term(self.key, lock)
         self.wake.clear()
         lock.signal.add_callback(lambda _: self.wake.set())
         outcome: dict[str, Any] = {}
@@ -335,13 +317,9 @@ class Campaign:
                 _call(on_lost, lock, reason)
             except Exception:
                 logger.exception("on_leadership_lost of %s raised", self.key)
-        signals.send(
-            signals.leadership_lost,
-            Locks,
-            key=self.key,
-            fencing_token=lock.fencing_token,
-            reason=reason,
-        )
+        term = self._term
+        if term is not None and term.lock is lock:
+            term.end(reason)
         self._say("Stepped down from %s (%s)", self.key, reason)
 
 

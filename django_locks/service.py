@@ -18,9 +18,10 @@ from django_locks.aio import ReleaseNotices, attempt
 from django_locks.clock import Clock, system_clock
 from django_locks.context import _current
 from django_locks.durations import Duration
-from django_locks.exceptions import LockNotAcquiredError, StoreError, StoreTimeoutError
+from django_locks.exceptions import LockNotAcquiredError, StoreTimeoutError
 from django_locks.keys import validate_key
 from django_locks.lock import Lock
+from django_locks.ownership import NOTICE_SLICE, wait_for_release
 from django_locks.policy import POLICY
 from django_locks.renewal import Keeper
 from django_locks.stores.base import LockStore
@@ -34,8 +35,6 @@ T = TypeVar("T")
 
 MIN_TTL_MS = durations.MIN_TTL_MS
 """The shortest ttl a lock may have, in milliseconds (``django_locks.durations`` has the bounds)."""
-NOTICE_SLICE = 0.25
-"""Seconds of one wait for a store's release notice, between checks of the abort signal."""
 
 
 class Locks:
@@ -198,24 +197,10 @@ class Locks:
         """Wait before the next try: woken by the store's release notice where it offers one
         (real time only), else sleeping through the backoff; early when ``signal`` aborts."""
         if self._notified and self.clock is system_clock:
-            give_up = time.monotonic() + seconds
-            while (signal is None or not signal.aborted) and time.monotonic() < give_up:
-                # Slices keep an abort noticed within NOTICE_SLICE while the store waits.
-                slice_ = min(NOTICE_SLICE, give_up - time.monotonic())
-                try:
-                    if self.store.wait_for_release(key, max(slice_, 0)):
-                        return
-                except NotImplementedError:
-                    self._notified = False
-                    break
-                except StoreError as exc:
-                    # The notice channel failed, not (necessarily) the store: no notice, so
-                    # the rest of the backoff is slept; the next acquire says if the store answers.
-                    logger.debug("Waiting for a release notice of %r failed: %s", key, exc)
-                    self.clock.sleep(max(give_up - time.monotonic(), 0), signal)
-                    return
-            else:
-                return
+            until = time.monotonic() + seconds
+            if wait_for_release(self.store, key, until, stop=signal) == "no notices":
+                self._notified = False  # the next pauses sleep without asking the store
+            return
         self.clock.sleep(seconds, signal)
 
     async def _apause(
