@@ -29,22 +29,31 @@ IN_PROGRESS = "a run is still in progress"
 """The ``reason`` of ``run_skipped`` when the run lock is held."""
 
 # Who is calling: a Celery task being run (by a worker, a direct call, .delay() made eager)?
+# Asked of the Celery seam once Celery is imported (a process that has not imported it runs no
+# Celery task): found here on first use, never set from elsewhere at import.
 
 TaskNameHook = Callable[[Callable[..., Any]], "str | None"]
 _task_name_hook: TaskNameHook | None = None
 
 
 def set_task_name_hook(hook: TaskNameHook) -> None:
-    """``django_locks.contrib.celery`` tells which wrapper runs as the current Celery task."""
+    """Answer "which task runs ``wrapper``?" with ``hook`` instead of asking Celery (nothing in
+    the package calls it any more: the Celery seam is found on first use)."""
     global _task_name_hook
     _task_name_hook = hook
 
 
 def _task_name(wrapper: Callable[..., Any]) -> str | None:
     """The Celery task name when ``wrapper`` runs as the current task's body, else None."""
-    if _task_name_hook is None and "celery" in sys.modules:
-        importlib.import_module("django_locks.contrib.celery")
-    return _task_name_hook(wrapper) if _task_name_hook is not None else None
+    global _task_name_hook
+    hook = _task_name_hook
+    if hook is None:
+        if "celery" not in sys.modules:
+            return None
+        hook = _task_name_hook = importlib.import_module(
+            "django_locks.contrib.celery"
+        ).current_task_name
+    return hook(wrapper)
 
 
 def _locks() -> Any:

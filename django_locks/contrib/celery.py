@@ -19,21 +19,29 @@ Workers never take owner leases: ``without_overlapping`` is enforced by the deco
 around the run, wherever the task runs.
 
 Here: the signals connected, the decorators' seam (tasks decorated, the running task named), the
-worker's side. Beat's side, ``BeatGuard``, is in ``django_locks.contrib.celery_beat``.
+worker's side. Beat's side, ``BeatGuard``, is in ``django_locks.contrib.celery_beat``; the Celery
+API that is not public, in ``django_locks.contrib.celery_compat``.
+
+Importing this module changes nothing: ``install()`` (called by ``ready()``) connects the
+signals; ``django_locks.run`` asks :func:`current_task_name` once Celery is imported (a question,
+not a hook: there is nothing to install for it, and no Celery means no Celery task).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 from celery import signals as celery_signals
-from celery._state import _get_active_apps, connect_on_app_finalize, get_current_task
 from celery.app.task import Task
 from celery.local import Proxy
 
+from django_locks.contrib import celery_compat
 from django_locks.contrib.celery_beat import (
     HANDBACK_GRACE,
     HEADER_BEAT,
@@ -46,7 +54,6 @@ from django_locks.contrib.celery_beat import (
     on_beat_init,
     task_spec,
 )
-from django_locks.run import set_task_name_hook
 
 # BeatGuard and the header names are imported from here too; they live in celery_beat.py.
 __all__ = [
@@ -57,6 +64,7 @@ __all__ = [
     "HEADER_TOKEN",
     "REFUSAL_REPEAT",
     "BeatGuard",
+    "current_task_name",
     "decorate_task",
     "install",
     "is_task",
@@ -88,8 +96,9 @@ def install() -> None:
 # Which task is running: the decorators ask, to let a worker just run an on_one_instance task.
 
 
-def _current_task_name(wrapper: Callable[..., Any]) -> str | None:
-    task = get_current_task()
+def current_task_name(wrapper: Callable[..., Any]) -> str | None:
+    """The name of the Celery task this thread runs when ``wrapper`` is its body, else None."""
+    task = celery_compat.current_task()
     if task is None:
         return None
     run = getattr(task, "run", None)
@@ -98,10 +107,16 @@ def _current_task_name(wrapper: Callable[..., Any]) -> str | None:
     return None
 
 
-set_task_name_hook(_current_task_name)
+# The decorators applied above @shared_task / @app.task: the task object exists already, and the
+# worker runs its class's run(), so that is what is replaced, once the app is finalized. Nothing
+# public does it: deprecated, with the fix named (a later release refuses the order).
 
-
-# The decorators applied above @shared_task / @app.task: patch the task's body once it exists.
+ABOVE_THE_TASK = (
+    "on_one_instance / without_overlapping placed above @shared_task or @app.task is "
+    "deprecated: it replaces the task class's run(), and a later release refuses it. Put the "
+    "decorator below the task decorator (@shared_task first, then @on_one_instance(...) or "
+    "@without_overlapping(...), then the function)."
+)
 
 _pending: list[tuple[Any, Callable[[Callable[..., Any]], Any]]] = []
 _patched: set[tuple[int, int]] = set()
@@ -116,17 +131,33 @@ def is_task(target: object) -> bool:
 
 def decorate_task(target: Any, decorate: Callable[[Callable[..., Any]], Any]) -> Any:
     """Apply ``decorate`` to the body of the task ``target`` stands for, as soon as the app is
-    finalized (at once if it is); return ``target`` unchanged, so ``.delay()`` keeps working."""
+    finalized (at once if it is); return ``target`` unchanged, so ``.delay()`` keeps working.
+    Warns (``DeprecationWarning``, at the decorator's line) that the order is deprecated."""
     global _finalize_hooked
+    warnings.warn(ABOVE_THE_TASK, DeprecationWarning, stacklevel=_callers_level())
     with _install_mutex:
         _pending.append((target, decorate))
         if not _finalize_hooked:
             _finalize_hooked = True
-            connect_on_app_finalize(_on_app_finalize)
-    for app in list(_get_active_apps()):
+            celery_compat.on_app_finalize(_on_app_finalize)
+    for app in celery_compat.active_apps():
         if app.finalized:
             _patch_pending(app)
     return target
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _callers_level() -> int:
+    """The ``stacklevel`` of the first frame outside django_locks, for the caller of this
+    function: the user's decorator line, however many of the package's frames are between."""
+    level, frame = 1, sys._getframe(1)
+    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(
+        _PACKAGE
+    ):
+        level, frame = level + 1, frame.f_back
+    return level
 
 
 def _on_app_finalize(app: Any) -> None:
@@ -139,7 +170,7 @@ def _after_finalize(sender: Any, **kwargs: Any) -> None:
 
 def _patch_pending(app: Any) -> None:
     for target, decorate in list(_pending):
-        task = target if issubclass(type(target), Task) else target._get_current_object()
+        task = target if issubclass(type(target), Task) else celery_compat.evaluate(target)
         cls = type(task)
         if (id(cls), id(decorate)) in _patched:
             continue

@@ -1,0 +1,40 @@
+"""Celery's private API: every name django_locks uses that Celery does not document, in one place.
+
+Checked against Celery 5.4.0 (the oldest supported, ``celery>=5.4`` in pyproject.toml and tox.ini)
+and 5.7.0 (what those resolve to today). ``tests/test_celery_seam.py`` fails when ``celery._`` is
+imported anywhere else in the package; a new Celery release is checked here first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+# ---- Celery private API: begin (checked: Celery 5.4.0, 5.7.0) -------------------------------
+# celery._state: the task being run (the public `celery.current_task` is a proxy of this
+# function, evaluated through one more private method), the apps created so far, and the
+# callbacks run when any app is finalized (`@shared_task` registers its tasks through both).
+from celery._state import _get_active_apps, connect_on_app_finalize, get_current_task
+
+
+def current_task() -> Any | None:
+    """The task this thread is running (a worker's run, a direct call, an eager ``.delay()``)."""
+    return get_current_task()
+
+
+def active_apps() -> list[Any]:
+    """Every Celery app of this process."""
+    return list(_get_active_apps())
+
+
+def on_app_finalize(callback: Callable[[Any], None]) -> None:
+    """Call ``callback(app)`` when any app, existing or future, is finalized (idempotent)."""
+    connect_on_app_finalize(callback)
+
+
+def evaluate(proxy: Any) -> Any:
+    """The task a ``celery.local.Proxy`` (what ``@shared_task`` returns) stands for."""
+    return proxy._get_current_object()
+
+
+# ---- Celery private API: end ----------------------------------------------------------------
