@@ -28,7 +28,9 @@ class DjangoLocksConfig(AppConfig):
         checks.register()
         setting_changed.connect(_on_setting_changed, dispatch_uid="django_locks.setting_changed")
         if importlib.util.find_spec("celery") is not None:
-            # Beat-side enforcement of on_one_instance hooks in when a beat starts.
+            # The Celery seam's signals (beat's enforcement of on_one_instance, its headers, the
+            # worker's log line), connected here and only here: importing the module does
+            # nothing. Idempotent, as ready() may run again (the settings tests call it).
             from django_locks.contrib import celery as celery_integration
 
             celery_integration.install()
