@@ -19,8 +19,8 @@ import pytest
 from django_locks import Locks, locks, without_overlapping
 from django_locks.decorators import release_owner_leases
 from django_locks.exceptions import LockNotAcquiredError, StoreTimeoutError
+from django_locks.ownership import NOTICE_SLICE
 from django_locks.renewal import held_keepers
-from django_locks.service import NOTICE_SLICE
 from django_locks.stores import InMemoryStore
 from django_locks.stores.base import LockStore
 from tests.helpers import eventually

@@ -11,18 +11,17 @@ from __future__ import annotations
 import contextvars
 import datetime
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from django_locks import process, signals
+from django_locks import process
 from django_locks.exceptions import LocksError
 from django_locks.job import OWNER_SUFFIX, JobSpec, job_spec
 from django_locks.keys import MAX_KEY_LENGTH
 from django_locks.lock import Lock
+from django_locks.ownership import OwnerLeases, Term
 from django_locks.run import ELSEWHERE, skipped
-from django_locks.service import Locks
 
 logger = logging.getLogger("django_locks")
 
@@ -89,17 +88,25 @@ class BeatGuard:
         self.app = scheduler.app
         self.leader_mode = conf.get().celery_beat_leader
         self.leader_key = f"celery-beat:{self.app.main or 'celery'}"
-        self.leader: Lock | None = None
-        self.owned: dict[str, Lock] = {}
+        self.term: Term | None = None  # this beat's lead (leader mode)
+        self.leases = OwnerLeases(handed_back=_handed_back)
         self.published: dict[str, float] = {}  # lease key -> when this beat last published
         self.refused: dict[str, tuple[str, float]] = {}  # entry -> (its error, when logged)
         self.now: Callable[[], float] = time.monotonic  # when refusals were logged
-        self.mutex = threading.Lock()
         self.holder = process.holder()
         self._apply_entry = scheduler.apply_entry
         self._close = scheduler.close
         scheduler.apply_entry = self.apply_entry
         scheduler.close = self.close
+
+    @property
+    def owned(self) -> dict[str, Lock]:
+        """This beat's owner leases, by key (its :class:`OwnerLeases`' own dict)."""
+        return self.leases.by_key
+
+    @owned.setter
+    def owned(self, by_key: dict[str, Lock]) -> None:
+        self.leases.by_key = by_key
 
     @property
     def locks(self) -> Any:
@@ -160,63 +167,36 @@ class BeatGuard:
 
     def lead(self) -> bool:
         """Whether this beat leads; campaign (one store call) when it does not."""
-        leader = self.leader
-        if leader is not None and leader.held:
+        term = self.term
+        if term is not None and term.lock.held:
             return True
-        if leader is not None:
-            self.leader = None
+        if term is not None:
+            self.term = None
             logger.warning(
                 "This beat (%s) lost the lead of %r (fencing token %s): it stops publishing and "
                 "campaigns again",
                 self.holder,
                 self.leader_key,
-                leader.fencing_token,
+                term.fencing_token,
             )
-            signals.send(
-                signals.leadership_lost,
-                Locks,
-                key=self.leader_key,
-                fencing_token=leader.fencing_token,
-                reason="lost",
-            )
+            term.end("lost")
         lock = self.locks.acquire(self.leader_key)
         if lock is None:
             return False
-        self.leader = lock
         logger.info(
             "This beat (%s) leads %r: it publishes every entry (fencing token %s)",
             self.holder,
             self.leader_key,
             lock.fencing_token,
         )
-        signals.send(
-            signals.leadership_acquired,
-            Locks,
-            key=self.leader_key,
-            fencing_token=lock.fencing_token,
-            lock=lock,
-        )
+        self.term = Term(self.leader_key, lock)
         return True
 
     def owner_lease(self, key: str, spec: JobSpec) -> Lock | None:
         """This beat's owner lease on ``key``: kept (no store call) or taken, else None."""
-        lock = self.owned.get(key)
-        if lock is not None and lock.held:
-            return lock
         assert spec.once is not None
-        ttl = None if spec.once.ttl_ms is None else spec.once.ttl_ms / 1000
-        lock = self.locks.acquire(key, ttl=ttl)
-        if not isinstance(lock, Lock):
-            return None
-        with self.mutex:
-            self.owned[key] = lock
-        logger.info(
-            "%s runs on this instance (lease %r, fencing token %s)",
-            spec.name if spec.once.key else key[: -len(OWNER_SUFFIX)],
-            key,
-            lock.fencing_token,
-        )
-        return lock
+        name = spec.name if spec.once.key else key[: -len(OWNER_SUFFIX)]
+        return self.leases.take(name, key, spec.once.ttl_ms)
 
     def apply_entry(self, entry: Any, producer: Any = None) -> Any:
         """Publish ``entry`` only where it is this beat's to publish, with our headers.
@@ -321,8 +301,8 @@ class BeatGuard:
         )
 
     def leader_token(self) -> int | None:
-        leader = self.leader
-        return leader.fencing_token if leader is not None else None
+        term = self.term
+        return term.fencing_token if term is not None else None
 
     def entry_key(self, task: Any, spec: JobSpec, entry: Any) -> str:
         """The owner lease key of this entry (a template is formatted from its arguments)."""
@@ -332,50 +312,35 @@ class BeatGuard:
         return spec.owner_key(args, dict(entry.kwargs or {}), task.name)
 
     def close(self) -> Any:
-        """Hand every lease back, then close the scheduler."""
-        with self.mutex:
-            held = list(self.owned.values())
-            self.owned.clear()
-        leader, self.leader = self.leader, None
-        if leader is not None:
-            held.append(leader)
+        """Hand every lease back (each after the grace of a tick it just published), then close
+        the scheduler."""
+        term, self.term = self.term, None
         try:
-            self.hand_back(held)
-            if leader is not None:
-                # As for elections: a term that ends is announced (SPEC section 2).
-                signals.send(
-                    signals.leadership_lost,
-                    Locks,
-                    key=self.leader_key,
-                    fencing_token=leader.fencing_token,
-                    reason="released",
-                )
+            self.leases.hand_back(self.grace, also=[term.lock] if term is not None else [])
+            if term is not None:
+                term.end("released")  # as for elections: a term that ends is announced
         finally:
             # Whatever handing back did, the scheduler is closed (its schedule is synced).
             result = self._close()
         return result
 
-    def hand_back(self, held: list[Lock]) -> None:
-        """Release every lease in ``held``, one failure not keeping the others."""
-        now = self.locks.clock.monotonic()
-        for lock in held:
-            since = now - self.published.get(lock.key, float("-inf"))
-            try:
-                if since < HANDBACK_GRACE:
-                    # Handed back once the tick it just published cannot be published again.
-                    if lock.leave_for(HANDBACK_GRACE - since):
-                        logger.info(
-                            "This beat handed back %r (free in %.2fs, after the tick it just "
-                            "published)",
-                            lock.key,
-                            HANDBACK_GRACE - since,
-                        )
-                elif lock.release():
-                    logger.info("This beat handed back %r", lock.key)
-            except LocksError as exc:
-                logger.warning("Handing back %r failed (%s); it lapses at its ttl", lock.key, exc)
-            except Exception:
-                logger.exception("Handing back %r failed; it lapses at its ttl", lock.key)
+    def grace(self, lock: Lock) -> float:
+        """Seconds ``lock`` stays after this beat hands it back: what remains of
+        :data:`HANDBACK_GRACE` since it last published under it (the tick it just published
+        cannot be published again by a beat waking a moment later)."""
+        since = float(self.locks.clock.monotonic()) - self.published.get(lock.key, float("-inf"))
+        return HANDBACK_GRACE - since
+
+
+def _handed_back(lock: Lock, grace: float) -> None:
+    if grace:
+        logger.info(
+            "This beat handed back %r (free in %.2fs, after the tick it just published)",
+            lock.key,
+            grace,
+        )
+    else:
+        logger.info("This beat handed back %r", lock.key)
 
 
 def add_headers(headers: dict[str, Any] | None = None, **kwargs: Any) -> None:
