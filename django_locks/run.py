@@ -241,6 +241,19 @@ def _command_steps(
     return result
 
 
+class _Carried(Exception):
+    """The job's own ``StopIteration``, carried through the protocol: a generator may not let
+    one out (it would become a ``RuntimeError``)."""
+
+    def __init__(self, error: StopIteration) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+def _thrown(error: BaseException) -> BaseException:
+    return _Carried(error) if isinstance(error, StopIteration) else error
+
+
 def _drive(locks: Any, steps: Steps, call: Callable[[], Any]) -> Any:
     """Run ``steps`` with blocking I/O: each step done here, its answer (or error) sent back."""
     answer: Any = None
@@ -250,10 +263,9 @@ def _drive(locks: Any, steps: Steps, call: Callable[[], Any]) -> Any:
             step = steps.send(answer) if error is None else steps.throw(error)
         except StopIteration as done:
             return done.value
-        except RuntimeError as exc:
-            if isinstance(error, StopIteration) and exc.__cause__ is error:
-                raise error from None  # the job's own, which a generator may not pass on
-            raise
+        except _Carried as carried:
+            error = carried.error
+            break
         answer, error = None, None
         try:
             if isinstance(step, Call):
@@ -265,7 +277,8 @@ def _drive(locks: Any, steps: Steps, call: Callable[[], Any]) -> Any:
             else:
                 _hold_and_leave(step.lock, step.ms)
         except BaseException as exc:
-            error = exc
+            error = _thrown(exc)
+    raise error
 
 
 async def _adrive(locks: Any, steps: Steps, call: Callable[[], Awaitable[Any]]) -> Any:
@@ -278,6 +291,9 @@ async def _adrive(locks: Any, steps: Steps, call: Callable[[], Awaitable[Any]]) 
             step = steps.send(answer) if error is None else steps.throw(error)
         except StopIteration as done:
             return done.value
+        except _Carried as carried:
+            error = carried.error
+            break
         answer, error = None, None
         try:
             if isinstance(step, Call):
@@ -289,7 +305,8 @@ async def _adrive(locks: Any, steps: Steps, call: Callable[[], Awaitable[Any]]) 
             else:
                 raise TypeError("min_hold is for management commands, which are synchronous")
         except BaseException as exc:
-            error = exc
+            error = _thrown(exc)
+    raise error
 
 
 def run_function(
