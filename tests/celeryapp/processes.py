@@ -120,8 +120,10 @@ class Processes:
         )
 
     def runs(self, task: str | None = None) -> list[dict[str, Any]]:
-        lines = self.runs_file.read_text(encoding="utf-8").splitlines()
-        runs = [json.loads(line) for line in lines if line.strip()]
+        text = self.runs_file.read_text(encoding="utf-8")
+        # A worker may be writing its line right now: only lines it finished (a newline) count.
+        complete = text[: text.rfind("\n") + 1]
+        runs = [json.loads(line) for line in complete.splitlines() if line.strip()]
         return [run for run in runs if task is None or run["task"] == task]
 
     def log(self, name: str) -> str:
