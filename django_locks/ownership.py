@@ -111,6 +111,12 @@ class OwnerLeases:
             except Exception:
                 logger.exception("Handing back %r failed; it lapses at its ttl", lock.key)
 
+    def forget_in_child(self) -> None:
+        """After fork(), in the child: the parent's leases are not held here (the renewal step
+        detached them), and another thread may have held the mutex at fork() time."""
+        self.mutex = threading.Lock()
+        self.by_key = {}
+
 
 def _default_service() -> Locks:
     from django_locks.service import locks
@@ -135,6 +141,11 @@ class _Sticky(OwnerLeases):
 
 sticky: OwnerLeases = _Sticky()
 """The process's sticky owner leases (``on_one_instance`` on plain functions)."""
+
+
+def forget_owner_leases_in_child() -> None:
+    """After fork(), in the child (``django_locks.process.AFTER_FORK``)."""
+    sticky.forget_in_child()
 
 
 def release_owner_leases() -> None:

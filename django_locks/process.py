@@ -62,6 +62,12 @@ AFTER_FORK: tuple[Step, ...] = (
         "timers are the parent's, never cancelled here.",
     ),
     Step(
+        "django_locks.ownership",
+        "forget_owner_leases_in_child",
+        "The sticky owner leases of decorated functions: forgotten (the renewal step detached "
+        "them; the child takes its own on its first call), their mutex made afresh.",
+    ),
+    Step(
         "django_locks.service",
         "renew_owners_after_fork",
         "The prefix of owner ids: drawn afresh, so that the child never reuses the parent's ids "

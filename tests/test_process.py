@@ -177,7 +177,7 @@ def _in_child(check: Callable[[], dict[str, object]]) -> dict[str, object]:
 
 
 def test_a_forked_child_starts_afresh_even_with_locks_held_by_the_parents_threads() -> None:
-    from django_locks import aio, renewal_batch, service
+    from django_locks import aio, ownership, renewal_batch, service
     from django_locks.clock import system_clock
     from django_locks.stores import InMemoryStore
     from django_locks.stores.redis import RedisStore
@@ -197,7 +197,8 @@ def test_a_forked_child_starts_afresh_even_with_locks_held_by_the_parents_thread
 
     # Threads of the parent holding locks at fork() time: a child that kept those locks hangs.
     hold, holding = threading.Event(), threading.Barrier(2)
-    held = [redis._waits_lock.get(), notices._mutex]
+    held = [redis._waits_lock.get(), notices._mutex, ownership.sticky.mutex]
+    ownership.sticky.keep("process:job", lock)
 
     def holder() -> None:
         for mutex in held:
@@ -215,6 +216,8 @@ def test_a_forked_child_starts_afresh_even_with_locks_held_by_the_parents_thread
         redis._waits_failing(OSError("down"))  # takes the waits lock
         with notices._mutex:
             rooms = dict(notices._rooms)
+        sticky = list(ownership.sticky.by_key)
+        ownership.sticky.keep("process:job", lock)  # takes the sticky leases' mutex
         ran = threading.Event()
         system_clock.notify(ran.set)  # a fresh notice thread runs it
         return {
@@ -225,6 +228,7 @@ def test_a_forked_child_starts_afresh_even_with_locks_held_by_the_parents_thread
             "batch": renewal_batch._last_batch is None,
             "notified": ran.wait(5),
             "lock held": lock.held,
+            "sticky": sticky,
         }
 
     try:
@@ -236,9 +240,12 @@ def test_a_forked_child_starts_afresh_even_with_locks_held_by_the_parents_thread
             "batch": True,
             "notified": True,
             "lock held": False,
+            "sticky": [],
         }
     finally:
         hold.set()
         thread.join()
     assert made.get() is parents and inherited == [] and list(notices._rooms) == ["waited"]
+    assert ownership.sticky.held("process:batched") is lock
+    ownership.sticky.by_key.clear()
     assert lock.held and lock.release()
