@@ -216,6 +216,12 @@ class ReleaseNotices(Generic[T]):
         self._rooms: dict[str, collections.deque[_Waiter[T]]] = {}
         _NOTICES.add(self)
 
+    def forget_in_child(self) -> None:
+        """After fork(), in the child: no waiting room is left whose watching thread stayed in
+        the parent (its waiters would never be woken), and the mutex is made afresh."""
+        self._mutex = threading.Lock()
+        self._rooms = {}
+
     async def wait(
         self,
         key: str,
@@ -365,11 +371,9 @@ _NOTICES: weakref.WeakSet[ReleaseNotices[Any]] = weakref.WeakSet()
 
 def forget_pools_in_child() -> None:
     """After fork(), in the child (``django_locks.process.AFTER_FORK``)."""
-    # The parent's threads do not exist in a child: fresh pools on first use, and no waiting
-    # room left whose watching thread stayed in the parent (its waiters would never be woken).
+    # The parent's threads do not exist in a child: fresh pools on first use.
     global _watch_instance, _calls_instance, _pool_mutex
     _watch_instance = _calls_instance = None
     _pool_mutex = threading.Lock()
     for notices in list(_NOTICES):
-        notices._mutex = threading.Lock()
-        notices._rooms = {}
+        notices.forget_in_child()
