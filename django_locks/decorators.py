@@ -32,16 +32,13 @@ from django_locks import durations
 from django_locks.durations import Duration
 from django_locks.job import ATTRIBUTE, OWNER_SUFFIX, JobSpec, OnceSpec, RunSpec, job_spec
 from django_locks.keys import check_template, template_fields, validate_key
-from django_locks.ownership import release_owner_leases
+from django_locks.ownership import ELSEWHERE, IN_PROGRESS, release_owner_leases, skipped
 from django_locks.run import (
-    ELSEWHERE,
-    IN_PROGRESS,
     arun_function,
     holder_text,
     run_command,
     run_function,
     set_task_name_hook,
-    skipped,
 )
 
 # The names users and the other modules import from here; each lives in its concept's module.

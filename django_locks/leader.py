@@ -26,7 +26,8 @@ from django_locks.durations import Duration
 from django_locks.exceptions import AbortedError, LockLostError, LocksError, StoreError
 from django_locks.keys import validate_key
 from django_locks.lock import Lock
-from django_locks.ownership import LostReason, Term, wait_for_release
+from django_locks.notices import wait_for_release
+from django_locks.ownership import LostReason, Term
 from django_locks.policy import POLICY
 from django_locks.service import Locks
 

@@ -1,33 +1,38 @@
-"""Who owns what in this process: owner leases, leadership terms, and waiting for a release."""
+"""Who owns what in this process: owner leases, leadership terms, and the runs skipped for them."""
 
 from __future__ import annotations
 
 import atexit
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Literal
 
 from django_locks import signals
-from django_locks.exceptions import LocksError, StoreError
+from django_locks.exceptions import LocksError
 from django_locks.lock import Lock
 
 if TYPE_CHECKING:
-    from django_locks.abort import AbortSignal
     from django_locks.service import Locks
-    from django_locks.stores.base import LockStore
 
 logger = logging.getLogger("django_locks")
 
 LostReason = Literal["lost", "released"]
-Notice = Literal["released", "waited", "no notices"]
-
-NOTICE_SLICE = 0.25
-"""Seconds of one wait for a store's release notice, between checks for a stop."""
+ELSEWHERE = "it runs on another instance"
+"""The ``reason`` of ``run_skipped`` when another process owns the job."""
+IN_PROGRESS = "a run is still in progress"
+"""The ``reason`` of ``run_skipped`` when the run lock is held."""
 
 
 # Owner leases.
+
+
+def skipped(name: str, key: str, reason: str, *, level: int = logging.INFO) -> None:
+    """Log a skipped run and send ``run_skipped`` (sender: the ``Locks`` class)."""
+    from django_locks.service import Locks
+
+    logger.log(level, "Skipped %s: %s", name, reason)
+    signals.send(signals.run_skipped, Locks, key=key, reason=reason)
 
 
 def log_owner(name: str, lock: Lock) -> None:
@@ -203,53 +208,3 @@ class Term:
             self.ended = reason
         announce_leadership(self.key, self.lock, reason)
         return True
-
-
-# Waiting for a release.
-
-
-def wait_for_release(
-    store: LockStore,
-    key: str,
-    until: float,
-    *,
-    stop: threading.Event | AbortSignal | None = None,
-    monotonic: Callable[[], float] = time.monotonic,
-) -> Notice:
-    """Wait until ``until`` (``monotonic``'s seconds) for ``store``'s notice that ``key`` was
-    released, returning early when ``stop`` is set (an event) or aborts (a signal).
-
-    ``"released"``: a notice came. ``"waited"``: the time passed, or ``stop`` came first.
-    ``"no notices"``: the store sends none; the rest of the time was slept (``stop`` still
-    ends it early). A failing notice channel is not the store failing: its slice is slept, the
-    next slice waits for a notice again.
-    """
-    while not _stopped(stop):
-        remaining = until - monotonic()
-        if remaining <= 0:
-            return "waited"
-        # Slices keep a stop noticed within NOTICE_SLICE while the store waits.
-        slice_ = min(NOTICE_SLICE, remaining)
-        try:
-            if store.wait_for_release(key, slice_):
-                return "released"
-        except NotImplementedError:
-            _sleep(stop, remaining)
-            return "no notices"
-        except StoreError as exc:
-            logger.debug("Waiting for a release notice of %r failed: %s", key, exc)
-            _sleep(stop, slice_)
-    return "waited"
-
-
-def _stopped(stop: threading.Event | AbortSignal | None) -> bool:
-    if stop is None:
-        return False
-    return stop.is_set() if isinstance(stop, threading.Event) else stop.aborted
-
-
-def _sleep(stop: threading.Event | AbortSignal | None, seconds: float) -> None:
-    if stop is None:
-        time.sleep(max(seconds, 0.0))
-    else:
-        stop.wait(max(seconds, 0.0))

@@ -14,19 +14,13 @@ import sys
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any
 
-from django_locks import signals
 from django_locks.context import running_under
 from django_locks.exceptions import LocksError, StoreError
 from django_locks.job import JobSpec
 from django_locks.lock import Lock, release_failed
-from django_locks.ownership import log_owner, sticky
+from django_locks.ownership import ELSEWHERE, IN_PROGRESS, log_owner, skipped, sticky
 
 logger = logging.getLogger("django_locks")
-
-ELSEWHERE = "it runs on another instance"
-"""The ``reason`` of ``run_skipped`` when another process owns the job."""
-IN_PROGRESS = "a run is still in progress"
-"""The ``reason`` of ``run_skipped`` when the run lock is held."""
 
 # Who is calling: a Celery task being run (by a worker, a direct call, .delay() made eager)?
 # Asked of the Celery seam once Celery is imported (a process that has not imported it runs no
@@ -60,14 +54,6 @@ def _locks() -> Any:
     from django_locks.service import locks
 
     return locks
-
-
-def skipped(name: str, key: str, reason: str, *, level: int = logging.INFO) -> None:
-    """Log a skipped run and send ``run_skipped``."""
-    from django_locks.service import Locks
-
-    logger.log(level, "Skipped %s: %s", name, reason)
-    signals.send(signals.run_skipped, Locks, key=key, reason=reason)
 
 
 def _link(owner: Lock | None, run: Lock) -> Callable[[], None]:

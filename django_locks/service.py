@@ -21,7 +21,7 @@ from django_locks.durations import Duration
 from django_locks.exceptions import LockNotAcquiredError, StoreTimeoutError
 from django_locks.keys import validate_key
 from django_locks.lock import Lock
-from django_locks.ownership import NOTICE_SLICE, wait_for_release
+from django_locks.notices import NOTICE_SLICE, wait_for_release
 from django_locks.policy import POLICY
 from django_locks.renewal import Keeper
 from django_locks.stores.base import LockStore

@@ -19,7 +19,7 @@ import pytest
 from django_locks import Locks, locks, without_overlapping
 from django_locks.decorators import release_owner_leases
 from django_locks.exceptions import LockNotAcquiredError, StoreTimeoutError
-from django_locks.ownership import NOTICE_SLICE
+from django_locks.notices import NOTICE_SLICE
 from django_locks.renewal import held_keepers
 from django_locks.stores import InMemoryStore
 from django_locks.stores.base import LockStore

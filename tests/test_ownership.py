@@ -16,7 +16,8 @@ import pytest
 
 from django_locks import Locks, on_one_instance, registry, without_overlapping
 from django_locks.exceptions import StoreError
-from django_locks.ownership import OwnerLeases, Term, release_owner_leases, wait_for_release
+from django_locks.notices import wait_for_release
+from django_locks.ownership import OwnerLeases, Term, release_owner_leases
 from django_locks.signals import leadership_acquired, leadership_lost
 from django_locks.stores import InMemoryStore
 from django_locks.testing import ManualClock
@@ -112,7 +113,7 @@ def test_one_loop_waits_for_release_notices() -> None:
     # that serves every coroutine waiting on a key (one thread per key, whatever the number of
     # waiters: not the same loop, and below ownership in the imports).
     assert release_wait_loops(PACKAGE) == {
-        "django_locks.ownership.wait_for_release",
+        "django_locks.notices.wait_for_release",
         "django_locks.aio.ReleaseNotices._watch",
     }
 

@@ -20,8 +20,7 @@ from django_locks.exceptions import LocksError
 from django_locks.job import OWNER_SUFFIX, JobSpec, job_spec
 from django_locks.keys import MAX_KEY_LENGTH
 from django_locks.lock import Lock
-from django_locks.ownership import OwnerLeases, Term
-from django_locks.run import ELSEWHERE, skipped
+from django_locks.ownership import ELSEWHERE, OwnerLeases, Term, skipped
 
 logger = logging.getLogger("django_locks")
 
