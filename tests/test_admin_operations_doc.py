@@ -1,4 +1,4 @@
-"""The ready-to-copy ``lock_lost`` alert of docs/topics/operations.rst works as printed."""
+"""The ready-to-copy ``lock_lost`` alert of docs/howto/operations.rst works as printed."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from django_locks.signals import lock_lost
 from django_locks.stores.memory import InMemoryStore
 from django_locks.testing import ManualClock
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "topics" / "operations.rst"
+DOC = Path(__file__).resolve().parent.parent / "docs" / "howto" / "operations.rst"
 
 
 def alert_example() -> str:

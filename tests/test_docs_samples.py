@@ -175,12 +175,12 @@ CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "topics/locks.rst": check_locks_page,
     "topics/fencing.rst": check_fencing_page,
     "topics/leader-election.rst": check_leader_page,
-    "topics/operations.rst": check_operations_page,
+    "howto/operations.rst": check_operations_page,
 }
 NAMESPACES: dict[str, Callable[[], dict[str, Any]]] = {
     "topics/leader-election.rst": leader_namespace,
 }
-SETUPS: dict[str, Callable[[], None]] = {"topics/operations.rst": setup_operations_page}
+SETUPS: dict[str, Callable[[], None]] = {"howto/operations.rst": setup_operations_page}
 SIGNALS = [signals.lock_lost, signals.leadership_acquired, signals.leadership_lost]
 
 

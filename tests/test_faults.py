@@ -1,7 +1,7 @@
 """The fault suite in CI: baseline, holder pause, hung connection and delayed write, 30 s each on
 PostgreSQL and on Redis, failing on any violation the checker finds (tests/faults/).
 
-The full matrix is one command (docs/topics/faults.rst):
+The full matrix is one command (docs/internals/faults.rst):
 ``python -m tests.faults --matrix --duration 120 --runs 5``.
 """
 
