@@ -19,9 +19,10 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from tests.servers import find_binary, wait_until
+from tests.servers import find_binary
 from tests.servers.postgres import PostgresServer, postgres_bin_dir
 from tests.servers.redis import RedisServer
+from tests.waiting import eventually
 
 DATABASE = "bench"
 
@@ -55,7 +56,9 @@ def start_postgres() -> PostgresServer:
                     for name, value in DURABLE_POSTGRES.items()
                 )
 
-        wait_until(durable, timeout=10, what="PostgreSQL with fsync on")
+        eventually(
+            durable, timeout=10, what="PostgreSQL with fsync on", every=0.05, ignoring=(Exception,)
+        )
     except BaseException:
         server.destroy()
         raise
@@ -85,7 +88,13 @@ def make_redis_durable(server: RedisServer) -> None:
             info = client.info("persistence")
             return bool(info["aof_enabled"]) and not info["aof_rewrite_in_progress"]
 
-        wait_until(rewritten, timeout=30, what="Redis's append-only file")
+        eventually(
+            rewritten,
+            timeout=30,
+            what="Redis's append-only file rewritten",
+            every=0.05,
+            ignoring=(Exception,),
+        )
         time.sleep(0.2)
 
 

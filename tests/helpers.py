@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -12,6 +11,7 @@ from django.dispatch import Signal
 
 from django_locks.exceptions import StoreError
 from django_locks.stores.base import LockStore
+from tests.waiting import eventually as eventually  # the one polling helper, re-exported here
 
 
 @contextmanager
@@ -28,16 +28,6 @@ def recording(signal: Signal) -> Iterator[list[dict[str, Any]]]:
         yield received
     finally:
         signal.disconnect(receiver)
-
-
-def eventually(predicate: Callable[[], bool], *, timeout: float = 10.0, what: str = "") -> float:
-    """Poll until ``predicate()``; return the seconds it took; fail after ``timeout``."""
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"not true after {timeout}s: {what or predicate}")
-        time.sleep(0.005)
-    return time.monotonic() - start
 
 
 class FaultyStore(LockStore):

@@ -8,6 +8,7 @@ a margin scaled by the ttl.
 from __future__ import annotations
 
 import datetime
+import functools
 import importlib
 import itertools
 import os
@@ -19,8 +20,12 @@ from typing import Any
 
 import pytest
 
-from tests.celeryapp.processes import Processes, migrate, wait_for
+from tests.celeryapp.processes import Processes, migrate
 from tests.servers import IN_CI
+from tests.waiting import eventually
+
+# Each poll reads the runs file or a log: 20 a second is plenty.
+wait_for = functools.partial(eventually, every=0.05)
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.timeout(180)]
 
@@ -312,14 +317,14 @@ def test_a_paused_run_writes_nothing_stale_when_it_resumes(cluster: Any) -> None
     os.kill(pid, signal.SIGSTOP)
     try:
         # Its run lock (ttl 1 s) expires while it is paused; a second run takes it and writes.
+        # Until it has: one more second run sent each poll.
         def second_written() -> bool:
-            return any(run.get("written") == 1 for run in processes.runs("fenced-end"))
-
-        deadline = time.monotonic() + 20
-        while not second_written():
-            assert time.monotonic() < deadline, "the second run never wrote"
+            if any(run.get("written") == 1 for run in processes.runs("fenced-end")):
+                return True
             client.send_task("tests.celeryapp.tasks.fenced", args=["p", 2, str(pause) + "-none"])
-            time.sleep(0.5)
+            return False
+
+        eventually(second_written, timeout=20, every=0.5, what="the second run wrote")
     finally:
         pause.unlink()
         os.kill(pid, signal.SIGCONT)

@@ -14,7 +14,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -174,13 +173,3 @@ class Processes:
 def celery_cmd() -> list[str]:
     return [sys.executable, "-m", "celery", "-A", "tests.celeryapp.app"]
 
-
-def wait_for(predicate: Any, *, timeout: float, what: str, every: float = 0.05) -> float:
-    """Poll until ``predicate()`` is true; the seconds it took; AssertionError after timeout."""
-    start = time.monotonic()
-    while True:
-        if predicate():
-            return time.monotonic() - start
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"not true after {timeout}s: {what}")
-        time.sleep(every)

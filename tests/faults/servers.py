@@ -15,10 +15,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.servers import wait_until
 from tests.servers.pgbouncer import PgBouncerServer
 from tests.servers.postgres import PostgresServer
 from tests.servers.redis import RedisServer
+from tests.waiting import eventually
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 DATABASE = "faults"
@@ -128,7 +128,13 @@ class Servers:
                 extra_groups=[],
                 start_new_session=True,
             )
-        wait_until(pg._ready, timeout=60, what="PostgreSQL after its restart")
+        eventually(
+            pg._ready,
+            timeout=60,
+            what="PostgreSQL ready after its restart",
+            every=0.05,
+            ignoring=(Exception,),
+        )
 
     def destroy(self) -> None:
         if self.pgbouncer is not None:

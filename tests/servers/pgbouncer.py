@@ -8,8 +8,9 @@ import signal
 import subprocess
 import tempfile
 
-from tests.servers import dump_log, find_binary, free_port, port_open, wait_until
+from tests.servers import dump_log, find_binary, free_port, port_open
 from tests.servers.postgres import SUPERUSER, PostgresServer
+from tests.waiting import eventually
 
 POOL_SIZE = 20
 """Server connections per database and user: fewer than the suite's racing callers."""
@@ -67,7 +68,13 @@ class PgBouncerServer:
             start_new_session=True,
         )
         try:
-            wait_until(self._ready, timeout=30, what=f"PgBouncer on port {self.port}")
+            eventually(
+                self._ready,
+                timeout=30,
+                what=f"PgBouncer on port {self.port} ready",
+                every=0.05,
+                ignoring=(Exception,),
+            )
         except Exception as exc:
             self.destroy()
             raise RuntimeError(f"{exc}\n--- pgbouncer.log ---\n{dump_log(self.log)}") from exc

@@ -12,7 +12,8 @@ import subprocess
 import tempfile
 from typing import Any
 
-from tests.servers import dump_log, find_binary, free_port, port_open, wait_until
+from tests.servers import dump_log, find_binary, free_port, port_open
+from tests.waiting import eventually
 
 UNPRIVILEGED_USER = "djlocks"
 """The system user the cluster runs as when the suite runs as root (PostgreSQL refuses root)."""
@@ -114,7 +115,13 @@ class PostgresServer:
                 start_new_session=True,
             )
         try:
-            wait_until(self._ready, timeout=60, what=f"PostgreSQL on port {self.port}")
+            eventually(
+                self._ready,
+                timeout=60,
+                what=f"PostgreSQL on port {self.port} ready",
+                every=0.05,
+                ignoring=(Exception,),
+            )
         except Exception as exc:
             self.destroy()
             raise RuntimeError(f"{exc}\n--- postgres.log ---\n{dump_log(self.log)}") from exc

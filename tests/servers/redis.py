@@ -11,7 +11,8 @@ from collections.abc import Sequence
 
 import redis
 
-from tests.servers import dump_log, find_binary, free_port, missing, port_open, wait_until
+from tests.servers import dump_log, find_binary, free_port, missing, port_open
+from tests.waiting import eventually
 
 # A configuration fencing is safe on: every write on disk before the reply, nothing evicted.
 DURABLE = {
@@ -60,8 +61,14 @@ class RedisServer:
         args += self.extra
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         try:
-            wait_until(self._ready, timeout=20, what=f"redis-server on port {self.port}")
-        except TimeoutError as exc:
+            eventually(
+                self._ready,
+                timeout=20,
+                what=f"redis-server on port {self.port} ready",
+                every=0.05,
+                ignoring=(Exception,),
+            )
+        except AssertionError as exc:
             raise RuntimeError(f"{exc}\n--- redis.log ---\n{dump_log(self.log)}") from exc
         return self
 
@@ -160,7 +167,9 @@ class RedisClusterServers:
             raise RuntimeError(
                 f"redis-cli --cluster create failed:\n{created.stdout}\n{created.stderr}"
             )
-        wait_until(self._ok, timeout=30, what="the Redis Cluster")
+        eventually(
+            self._ok, timeout=30, what="the Redis Cluster ready", every=0.05, ignoring=(Exception,)
+        )
         return self
 
     def _ok(self) -> bool:
