@@ -1,4 +1,4 @@
-"""Scenarios of tests/test_sqlite_transactions.py, each in a process of its own on a SQLite file.
+"""Scenarios of tests/stores/test_sqlite_transactions.py, each in a process of its own on a file.
 
 ``python -m tests.sqlite_scenarios SCENARIO DB [transaction_mode|wal]`` configures Django on the
 file ``DB``, migrates it, runs the scenario and prints its facts as one JSON line.

@@ -291,7 +291,7 @@ def stop_and_answer(pid: int) -> int:
 @pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
 def test_a_release_on_a_hung_postgres_backend_returns_within_the_validity(caplog: Any) -> None:
     from django_locks.stores.database import DatabaseStore
-    from tests.test_database_postgres import backend_pid
+    from tests.stores.test_postgres import backend_pid
 
     store = DatabaseStore("postgres")
     service = Locks(store, ttl="1s")

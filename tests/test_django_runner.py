@@ -17,7 +17,7 @@ def test_the_contract_suite_runs_under_djangos_test_runner() -> None:
             "-m",
             "django",
             "test",
-            "tests.contract_for_django_runner",
+            "tests.stores.contract_for_django_runner",
             "--settings=tests.settings",
             "-v",
             "2",

@@ -30,7 +30,7 @@ pytestmark = [
     pytest.mark.django_db(transaction=True, databases=["default", "postgres"]),
 ]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -394,7 +394,7 @@ def test_no_table_warning_while_the_migrations_are_not_applied(store, sql):
     assert messages == []
 
 
-RUNNER_TESTS = "tests.test_database_store.PostgresPooledContract"
+RUNNER_TESTS = "tests.stores.test_contract.PostgresPooledContract"
 SELECTED = "Pooled or timeout or hung or fork or lost or expected"
 
 
@@ -427,8 +427,9 @@ def test_pytest_django_run_on_each_driver_drops_its_test_database_cleanly(driver
     block = "sys.modules['psycopg'] = None; " if driver == "psycopg2" else ""
     code = (
         f"import sys; {block}import pytest; sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider',"
-        " '-W', 'error::pytest.PytestWarning', 'tests/test_database_store.py',"
-        f" 'tests/test_database_postgres.py', '-k', {SELECTED!r}]))"
+        " '-W', 'error::pytest.PytestWarning',"
+        " 'tests/stores/test_contract.py::PostgresPooledContract',"
+        f" 'tests/stores/test_postgres.py', '-k', {SELECTED!r}]))"
     )
     environ = {k: v for k, v in os.environ.items() if k != "DJANGO_LOCKS_TEST_POSTGRES"}
     result = subprocess.run(

@@ -1,4 +1,5 @@
-"""RedisStore against a real redis-server: the contract, key layout, scripts, timeouts, fork."""
+"""RedisStore against a real redis-server: configuration, key layout, scripts, timeouts, fork (the
+contract is in test_contract.py)."""
 
 from __future__ import annotations
 
@@ -20,24 +21,6 @@ from redis.crc import key_slot
 from django_locks.exceptions import StoreError, StoreTimeoutError
 from django_locks.stores.redis import RedisStore
 from django_locks.stores.redis.scripts import pack
-from django_locks.testing import LockStoreContract
-
-
-@pytest.fixture(scope="class")
-def _redis_on_class(request, redis_server):
-    request.cls.redis_url = redis_server.url
-
-
-@pytest.mark.redis
-@pytest.mark.usefixtures("_redis_on_class")
-class RedisStoreContract(LockStoreContract):
-    """The contract on 8 connections with 32 racing callers."""
-
-    concurrent_callers = 32
-    redis_url: str
-
-    def make_store(self) -> RedisStore:
-        return RedisStore(url=self.redis_url, max_connections=8)
 
 
 def _owner() -> str:

@@ -1,4 +1,5 @@
-"""RedisStore on a real 3-master Redis Cluster: the contract, routing, scripts, listing, checks."""
+"""RedisStore on a real 3-master Redis Cluster: routing, scripts, listing, checks (the contract is
+in test_contract.py)."""
 
 from __future__ import annotations
 
@@ -10,24 +11,6 @@ import pytest
 from redis.crc import key_slot
 
 from django_locks.stores.redis import RedisStore
-from django_locks.testing import LockStoreContract
-
-
-@pytest.fixture(scope="class")
-def _cluster_on_class(request, redis_cluster):
-    request.cls.cluster_url = redis_cluster.url
-
-
-@pytest.mark.redis
-@pytest.mark.usefixtures("_cluster_on_class")
-class RedisClusterStoreContract(LockStoreContract):
-    """The contract on a 3-master cluster, 8 connections per node, 32 racing callers."""
-
-    concurrent_callers = 32
-    cluster_url: str
-
-    def make_store(self) -> RedisStore:
-        return RedisStore(url=self.cluster_url, cluster=True, max_connections=8)
 
 
 def _owner() -> str:

@@ -1,4 +1,5 @@
-"""DatabaseStore's configuration, checks, and SQLite shared by the processes of one machine."""
+"""DatabaseStore on SQLite: its checks, and one file shared by the processes of one machine (the
+contract is in test_contract.py, transactions in test_sqlite_transactions.py)."""
 
 from __future__ import annotations
 
@@ -8,33 +9,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
 from django_locks.stores.database import DatabaseStore
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.mark.parametrize(
-    ("options", "named"),
-    [
-        ({"using": "nowhere"}, "DATABASES"),
-        ({"using": ""}, "using"),
-        ({"timeout": "5x"}, "timeout"),
-        ({"timeout": 0}, "timeout"),
-        ({"max_connections": 0}, "max_connections"),
-        ({"max_connections": True}, "max_connections"),
-    ],
-)
-def test_bad_options_are_refused_without_io(options, named):
-    with pytest.raises(ImproperlyConfigured, match=named):
-        DatabaseStore(**options)
-
-
-def test_unknown_options_are_a_type_error():
-    with pytest.raises(TypeError):
-        DatabaseStore(pool=3)  # type: ignore[call-arg]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_sqlite_in_production_is_a_warning():

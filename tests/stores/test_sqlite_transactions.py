@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FIX = "Take the lock before entering transaction.atomic()"
 
 pytestmark = pytest.mark.slow

@@ -1,0 +1,1 @@
+"""Store tests: the contract on every store we ship (test_contract.py), then each store's own."""
