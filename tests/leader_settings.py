@@ -3,14 +3,12 @@ the store given in DJANGO_LOCKS_TEST_LOCKS (JSON)."""
 
 from __future__ import annotations
 
-import json
-import os
-
+from tests.children import env as _child
 from tests.settings import *  # noqa: F403
 
-LOCKS = json.loads(os.environ["DJANGO_LOCKS_TEST_LOCKS"])
+LOCKS = _child.read_json("LOCKS")
 # DJANGO_LOCKS_TEST_LOG_LEVEL=NONE: no LOGGING at all, as in a project that never configured it.
-if os.environ.get("DJANGO_LOCKS_TEST_LOG_LEVEL") != "NONE":
+if _child.read("LOG_LEVEL") != "NONE":
     LOGGING = {
         "version": 1,
         "disable_existing_loggers": False,
@@ -18,7 +16,7 @@ if os.environ.get("DJANGO_LOCKS_TEST_LOG_LEVEL") != "NONE":
         "loggers": {
             "django_locks": {
                 "handlers": ["console"],
-                "level": os.environ.get("DJANGO_LOCKS_TEST_LOG_LEVEL", "WARNING"),
+                "level": _child.read("LOG_LEVEL", "WARNING"),
             }
         },
     }

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import json
-import os
+from tests.children import env as _child
 
 SECRET_KEY = "django_locks-tests-not-secret"
 DEBUG = False
@@ -48,12 +47,12 @@ TEMPLATES = [
 # `postgres` and `pgbouncer` aliases point at the throwaway servers tests/servers/postgres.py
 # starts: tests/conftest.py adds them after collection when the selected tests need them. A
 # process a test starts (a lock holder to kill, Django's own test runner) finds the `postgres`
-# alias in DJANGO_LOCKS_TEST_POSTGRES (a JSON DATABASES entry).
+# alias in DJANGO_LOCKS_TEST_POSTGRES (a JSON DATABASES entry; tests/children/env.py).
 DATABASES: dict[str, dict[str, object]] = {
     "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"},
 }
-if os.environ.get("DJANGO_LOCKS_TEST_POSTGRES"):
-    DATABASES["postgres"] = json.loads(os.environ["DJANGO_LOCKS_TEST_POSTGRES"])
+if _child.read("POSTGRES"):
+    DATABASES["postgres"] = _child.read_json("POSTGRES")
 
 # The suite's own tests build their Locks explicitly; the configured service uses the in-memory
 # store, which DEBUG = False would refuse at startup without this opt-in.

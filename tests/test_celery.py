@@ -307,7 +307,7 @@ def test_a_paused_run_writes_nothing_stale_when_it_resumes(cluster: Any) -> None
     processes.sql(
         "INSERT INTO testapp_stockcount (product, count, fencing_token) VALUES ('p', 0, 0)"
     )
-    client = Celery(broker=processes.env["DL_BROKER"])
+    client = Celery(broker=processes.broker)
     pause = processes.tmp / "pause"
     pause.touch()
     client.send_task("tests.celeryapp.tasks.fenced", args=["p", 1, str(pause)])

@@ -9,7 +9,6 @@ PostgreSQL test database; the checks read that log.
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import signal
 import socket
@@ -23,6 +22,7 @@ from typing import Any
 import pytest
 from django.db import connections
 
+from tests.children.env import child_env
 from tests.helpers import eventually
 from tests.testapp.leaders import KEY, STUBBORN
 from tests.testapp.models import LeaderWrite, StockCount
@@ -51,13 +51,7 @@ def fleet(store_kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> It
         locks = {"BACKEND": "django_locks.stores.DatabaseStore", "OPTIONS": {"using": "postgres"}}
     settings_dict = connections["postgres"].settings_dict
     alias = {name: settings_dict[name] for name in ("ENGINE", "NAME", "USER", "HOST", "PORT")}
-    env = {
-        **os.environ,
-        "DJANGO_LOCKS_TEST_POSTGRES": json.dumps(alias),
-        "DJANGO_LOCKS_TEST_LOCKS": json.dumps(locks),
-        "LEADER_DATABASE": "postgres",
-        "PYTHONPATH": str(ROOT),
-    }
+    env: dict[str, Any] = {"postgres": alias, "locks": locks, "leader_database": "postgres"}
     StockCount.objects.using("postgres").get_or_create(product=KEY)
     LeaderWrite.objects.using("postgres").all().delete()
     procs: list[tuple[subprocess.Popen[bytes], Path]] = []
@@ -82,7 +76,7 @@ def fleet(store_kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> It
                     "--settings=tests.leader_settings",
                 ],
                 cwd=ROOT,
-                env={**env, "DJANGO_LOCKS_TEST_LOG_LEVEL": log_level},
+                env=child_env(**env, log_level=log_level),
                 stdout=log.open("wb"),
                 stderr=subprocess.STDOUT,
             )
@@ -218,12 +212,7 @@ def test_work_that_overstays_the_grace_still_lets_run_leader_exit_1(tmp_path: Pa
     """SIGTERM: the work ignores its signal, the grace runs out, the lease is released and the
     process exits 1 (it used to wait for the work's thread)."""
     locks = {"BACKEND": "django_locks.stores.InMemoryStore", "ALLOW_IN_MEMORY_STORAGE": True}
-    env = {
-        **os.environ,
-        "DJANGO_LOCKS_TEST_LOCKS": json.dumps(locks),
-        "DJANGO_LOCKS_TEST_LOG_LEVEL": "NONE",
-        "PYTHONPATH": str(ROOT),
-    }
+    env = child_env(locks=locks, log_level="NONE")
     command = [sys.executable, "-m", "django", "run_leader", STUBBORN, "--grace", "0.5s"]
     proc = subprocess.Popen(
         [*command, "--settings=tests.leader_settings"],

@@ -9,6 +9,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from tests.children.env import PREFIX
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # What a copy of the checkout leaves out: local state, caches and earlier builds (the build must
@@ -28,13 +30,13 @@ IGNORED = shutil.ignore_patterns(
     "artifacts",
 )
 
-# Variables of this test session that must not leak into a user's project.
+# Variables of this test session that must not leak into a user's project (and every
+# DJANGO_LOCKS_TEST_* of tests/children/env.py).
 PRIVATE_VARIABLES = (
     "PYTHONPATH",
     "PYTHONHOME",
     "VIRTUAL_ENV",
     "DJANGO_SETTINGS_MODULE",
-    "DJANGO_LOCKS_TEST_POSTGRES",
     "PYTEST_ADDOPTS",
     "PYTEST_PLUGINS",
     "PYTEST_CURRENT_TEST",
@@ -98,7 +100,11 @@ def make_venv(path: Path, requirements: Sequence[str | os.PathLike[str]]) -> Pat
 def user_env(bin_dir: Path | None = None, **extra: str) -> dict[str, str]:
     """This process's environment without the test session's own variables, ``bin_dir`` first
     on ``PATH`` (as an activated virtualenv has it)."""
-    env = {k: v for k, v in os.environ.items() if k not in PRIVATE_VARIABLES}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in PRIVATE_VARIABLES and not k.startswith(PREFIX)
+    }
     paths = [p for p in env.get("PATH", "").split(os.pathsep) if p and p != str(ROOT / ".venv/bin")]
     if bin_dir is not None:
         paths.insert(0, str(bin_dir))

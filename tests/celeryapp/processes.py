@@ -17,20 +17,23 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.children.env import child_env
+
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = "tests.celeryapp.settings"
 
 
-def base_env(**values: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DL_", "PYTEST_"))}
-    env.update(DJANGO_SETTINGS_MODULE=SETTINGS, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-    env.update(values)
+def base_env(**values: Any) -> dict[str, str]:
+    """A Celery test process's environment: ``values`` as in tests.children.env.child_env."""
+    outside = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env = child_env(settings=SETTINGS, base=outside, **values)
+    env["PYTHONUNBUFFERED"] = "1"
     return env
 
 
 def migrate(db: Path) -> None:
     """Create every table (the test app by syncdb) in the SQLite file ``db``."""
-    env = base_env(DL_DB=str(db), DL_BEAT_APP="1")
+    env = base_env(sqlite=db, beat_app=True)
     args = [sys.executable, "-m", "django", "migrate", "--run-syncdb", "-v", "0"]
     subprocess.run(args, env=env, cwd=ROOT, check=True, timeout=120)
 
@@ -53,16 +56,16 @@ class Processes:
         shutil.copy(template_db, self.db)
         self.runs_file = tmp / "runs.jsonl"
         self.runs_file.touch()
+        self.broker = broker
         self.env = base_env(
-            DL_DB=str(self.db),
-            DL_BROKER=broker,
-            DL_LOCKS=json.dumps(locks or {}),
-            DL_SCHEDULE=json.dumps(schedule or {}),
-            DL_RUNS=str(self.runs_file),
-            DL_BEAT_APP="1",
+            sqlite=self.db,
+            broker=broker,
+            locks=locks or {},
+            schedule=schedule or {},
+            runs=self.runs_file,
+            beat_app=True,
+            scheduler=scheduler or None,
         )
-        if scheduler:
-            self.env["DL_SCHEDULER"] = scheduler
         self.started: list[tuple[str, subprocess.Popen[bytes], Path]] = []
 
     def spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:

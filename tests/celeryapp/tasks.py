@@ -1,4 +1,4 @@
-"""Tasks of the Celery tests; each run appends one JSON line to the file named by DL_RUNS."""
+"""Tasks of the Celery tests; each run appends one JSON line to DJANGO_LOCKS_TEST_RUNS."""
 
 # mypy: disable-error-code="untyped-decorator"
 
@@ -12,6 +12,7 @@ from typing import Any
 from celery import current_task, shared_task
 
 from django_locks import current_lock, on_one_instance, without_overlapping
+from tests.children import env as _child
 
 
 def record(name: str, **extra: Any) -> None:
@@ -29,7 +30,7 @@ def record(name: str, **extra: Any) -> None:
         "run_token": lock.fencing_token if lock is not None else None,
         **extra,
     }
-    with open(os.environ["DL_RUNS"], "a", encoding="utf-8") as fh:
+    with open(_child.read("RUNS"), "a", encoding="utf-8") as fh:
         fh.write(json.dumps(line) + "\n")
 
 

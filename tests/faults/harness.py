@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.children.env import child_env
 from tests.faults.checker import Report, check, read_history
 from tests.faults.proxy import Proxy
 from tests.faults.servers import ROOT, Servers, pause_redis, start_redis
@@ -181,7 +182,7 @@ class Run:
             "store": spec,
             "atomic": self.config.scenario == "atomic_pgbouncer",
         }
-        env = {**self.servers.env(port), "FAULTS_WORKER": json.dumps(worker)}
+        env = self.servers.env(port, worker=worker)
         if self.config.scenario == "wallclock":
             rc = self.out / f"faketime-{index}.rc"
             rc.write_text("+0\n")
@@ -221,13 +222,7 @@ class Run:
                 "BACKEND": "django_locks.stores.DatabaseStore",
                 "OPTIONS": {"using": "postgres"},
             }
-        env = {
-            **os.environ,
-            "DJANGO_LOCKS_TEST_POSTGRES": json.dumps(self.servers.database()),
-            "DJANGO_LOCKS_TEST_LOCKS": json.dumps(locks),
-            "LEADER_DATABASE": "postgres",
-            "PYTHONPATH": str(ROOT),
-        }
+        env = child_env(postgres=self.servers.database(), locks=locks, leader_database="postgres")
         args = ["run_leader", LEADER_KEY, "--ttl", f"{self.config.ttl}s", "--grace", "3s"]
         with open(self.out / f"leader-{index}.log", "wb") as log:
             proc = subprocess.Popen(

@@ -7,7 +7,6 @@ Built on the test suite's own server classes (tests/servers/); nothing here depe
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -15,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.children.env import child_env
 from tests.servers.pgbouncer import PgBouncerServer
 from tests.servers.postgres import PostgresServer
 from tests.servers.redis import RedisServer
@@ -57,17 +57,15 @@ class Servers:
             "PORT": str(port or self.postgres.port),
         }
 
-    def env(self, store_port: int | None = None) -> dict[str, str]:
+    def env(
+        self, store_port: int | None = None, *, worker: dict[str, Any] | None = None
+    ) -> dict[str, str]:
         """The environment of a worker: ``default`` direct, ``store`` on ``store_port`` (a proxy
         route or PgBouncer; Django keeps server-side prepared statements off, as PgBouncer's
-        transaction mode needs)."""
+        transaction mode needs); ``worker``: a fault worker's configuration."""
         databases = {"default": self.database(), "store": self.database(store_port)}
-        return {
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "tests.faults.settings",
-            "FAULTS_DATABASES": json.dumps(databases),
-            "PYTHONPATH": str(ROOT),
-        }
+        settings = "tests.faults.settings"
+        return child_env(settings=settings, databases=databases, faults_worker=worker)
 
     def sql(self, statement: str, *params: Any) -> list[Any]:
         assert self.postgres is not None

@@ -8,7 +8,8 @@ held at the end: they stand for writes already in flight when a fault struck, wh
 refuse and the canary accepts. Every step goes to a JSON-lines history stamped with
 ``time.monotonic()``, one clock for every process of this machine.
 
-Run by the harness as ``python -m tests.faults.worker`` with FAULTS_WORKER (JSON) set.
+Run by the harness as ``python -m tests.faults.worker`` with DJANGO_LOCKS_TEST_FAULTS_WORKER (JSON)
+set.
 Signals: SIGUSR1 delays the next fenced write past the release (it is applied from a thread after
 the block left); SIGUSR2 holds back the reply of the next store call (the request was sent and
 served, the answer arrives late); SIGTERM ends the loop.
@@ -25,7 +26,9 @@ import threading
 import time
 from typing import Any, SupportsIndex
 
-CONFIG: dict[str, Any] = json.loads(os.environ.get("FAULTS_WORKER", "{}"))
+from tests.children import env as _child
+
+CONFIG: dict[str, Any] = _child.read_json("FAULTS_WORKER", {})
 
 
 class History:

@@ -9,6 +9,7 @@ from django.db.models import F
 
 from django_locks import Lock, leader_election
 from django_locks.fencing import fenced_update
+from tests.children import env as _child
 from tests.testapp.models import LeaderWrite, StockCount
 
 KEY = "tests:fenced-writer"
@@ -17,7 +18,7 @@ KEY = "tests:fenced-writer"
 @leader_election(KEY)
 def fenced_writer(lock: Lock) -> None:
     """Write every 50 ms while leading: a fenced increment, and a log of the attempt."""
-    alias = os.environ.get("LEADER_DATABASE", "default")
+    alias = _child.read("LEADER_DATABASE", "default")
     rows = StockCount.objects.using(alias).filter(product=KEY)
     while not lock.signal.aborted:
         started = time.monotonic()
