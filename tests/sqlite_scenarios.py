@@ -160,14 +160,7 @@ def renewer_waits(db: str) -> dict[str, Any]:
     lock = service.acquire("k", ttl="4s")
     assert lock is not None
     other = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1], isolation_level=None);"
-            " c.execute('BEGIN IMMEDIATE'); print('locked', flush=True); time.sleep(0.7);"
-            " c.execute('COMMIT')",
-            db,
-        ],
+        [sys.executable, "-m", "tests.children.sqlite_writer", db],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -9,10 +9,8 @@ import datetime
 import io
 import logging
 import math
-import os
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 import uuid
@@ -46,6 +44,7 @@ from django_locks.service import locks as default_locks
 from django_locks.stores import DatabaseStore, InMemoryStore
 from django_locks.stores.base import LockStore
 from django_locks.stores.runtime import Watchdog
+from tests.children.env import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 MEMORY = "django_locks.stores.InMemoryStore"
@@ -344,49 +343,13 @@ def test_a_deadline_past_timeout_max_does_not_kill_the_watchdog() -> None:
     assert not far.abandoned.is_set()
 
 
-AFTER_A_FAR_TIMER = textwrap.dedent(
-    """
-    import threading, time
-    import django
-    django.setup()
-    from django_locks import Locks, LockLostError
-    from django_locks.clock import system_clock
-    from django_locks.stores import InMemoryStore
-    from tests.helpers import FaultyStore
-
-    # Beyond threading.TIMEOUT_MAX: the first wait for it used to raise OverflowError in the
-    # process's one timer thread, which then died.
-    system_clock.call_at(time.monotonic() + 10 * threading.TIMEOUT_MAX, lambda: None)
-    time.sleep(0.2)
-    store = InMemoryStore()
-    service = Locks(store)
-    longest = service.acquire("longest", ttl="366d")
-    lock = service.acquire("short", ttl="300ms")
-    time.sleep(1.2)
-    renewed = lock.held and [lease.key for lease in store.leases()] == ["longest", "short"]
-    print("renewed", renewed)
-    lock.release()
-
-    faulty = FaultyStore(InMemoryStore())
-    faulty.hanging.add("renew")  # its holder cannot renew: a paused store, a stuck network
-    paused = Locks(faulty).acquire("paused", ttl="300ms")
-    lost = paused.signal.wait(3)
-    reason = paused.signal.reason
-    print("lost", lost, isinstance(reason, LockLostError) and reason.detected_by)
-    faulty.unhang.set()
-    longest.release()
-    time.sleep(0.5)  # the renewal let go finishes before the interpreter shuts its pool down
-    """
-)
-
-
 def test_after_a_far_timer_and_the_longest_ttl_short_locks_are_renewed_and_lost_by_deadline() -> (
     None
 ):
     """The issue's "must show", in a process of its own (its timer heap holds nothing else)."""
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(ROOT)}
+    env = child_env(settings="tests.settings")
     out = subprocess.run(
-        [sys.executable, "-c", AFTER_A_FAR_TIMER],
+        [sys.executable, "-m", "tests.children.far_timer"],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -440,7 +403,7 @@ def test_locks_list_shows_a_key_no_terminal_can_print(memory_store: InMemoryStor
 
 
 def test_the_real_command_line_with_bytes_that_are_not_utf8() -> None:
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(ROOT)}
+    env = child_env(settings="tests.settings")
     out = subprocess.run(
         [sys.executable, "-m", "django", "locks", "release", b"bad\xff", "--yes"],
         capture_output=True,
@@ -473,7 +436,7 @@ def test_run_leader_options_out_of_bounds_and_unknown_keys() -> None:
 
 
 def test_run_leader_with_an_unknown_key_exits_2() -> None:
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(ROOT)}
+    env = child_env(settings="tests.settings")
     out = subprocess.run(
         [sys.executable, "-m", "django", "run_leader", "no-such-election"],
         capture_output=True,

@@ -9,7 +9,6 @@ import ast
 import json
 import subprocess
 import sys
-import textwrap
 import warnings
 from pathlib import Path
 from typing import Any
@@ -23,60 +22,15 @@ from django_locks.contrib import celery as seam
 PACKAGE = Path(__file__).resolve().parent.parent / "django_locks"
 COMPAT = PACKAGE / "contrib" / "celery_compat.py"
 
-# Run in a fresh interpreter: what importing the seam connects, sets or registers; then what
-# install() connects (the same probe, so that the first half can fail); then a task run without
-# install(): its run lock is named after the task (the seam is asked, not hooked in).
-PROBE = textwrap.dedent(
-    """
-    import json
-    import celery.app.task  # Celery's own import-time registrations (its built-in tasks)
-    import celery.local
-    import celery.signals
-    from celery import _state
-    from celery.utils.dispatch import Signal
-    from django.conf import settings
-
-    settings.configure(
-        LOCKS={"BACKEND": "django_locks.stores.InMemoryStore"}, INSTALLED_APPS=[]
-    )
-
-    def state():
-        signals = {
-            name: len(signal.receivers)
-            for name, signal in vars(celery.signals).items()
-            if isinstance(signal, Signal)
-        }
-        return {"signals": signals, "finalizers": len(_state._on_app_finalizers)}
-
-    before = state()
-    import django_locks.contrib.celery as seam
-    import django_locks.run as run
-    imported = state()
-    hook = run._task_name_hook is not None
-    seam.install()
-    installed = state()
-
-    from celery import Celery
-    from django_locks import current_lock, without_overlapping
-
-    app = Celery("probe", set_as_current=True)
-
-    @app.task(name="probe.named")
-    @without_overlapping()
-    def named():
-        return current_lock().key
-
-    key = named.apply().get()
-    print(json.dumps({
-        "before": before, "imported": imported, "hook": hook, "installed": installed, "key": key,
-    }))
-    """
-)
+# Run in a fresh interpreter (tests/children/celery_seam_probe.py): what importing the seam
+# connects, sets or registers; then what install() connects (the same probe, so that the first half
+# can fail); then a task run without install(): its run lock is named after the task (the seam is
+# asked, not hooked in).
 
 
 def probe() -> dict[str, Any]:
     done = subprocess.run(
-        [sys.executable, "-c", PROBE],
+        [sys.executable, "-m", "tests.children.celery_seam_probe"],
         capture_output=True,
         text=True,
         timeout=120,

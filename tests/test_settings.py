@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
 
 import pytest
 from django.apps import apps
@@ -16,6 +15,7 @@ from django.test import override_settings
 from django_locks import conf, locks
 from django_locks.stores import InMemoryStore
 from django_locks.testing import ManualClock
+from tests.children.env import child_env
 
 MEMORY = "django_locks.stores.InMemoryStore"
 
@@ -92,24 +92,13 @@ def test_a_server_store_travels_with_a_manual_clock_in_the_setting() -> None:
 
 
 def test_a_real_startup_refuses_the_in_memory_store_with_debug_false(tmp_path) -> None:
-    script = textwrap.dedent(
-        """
-        import django
-        from django.conf import settings
-        settings.configure(
-            DEBUG=False,
-            INSTALLED_APPS=["django_locks"],
-            LOCKS={"BACKEND": "django_locks.stores.InMemoryStore"},
-        )
-        try:
-            django.setup()
-        except Exception as exc:
-            print(type(exc).__name__, exc)
-        else:
-            print("started")
-        """
+    out = subprocess.run(
+        [sys.executable, "-m", "tests.children.in_memory_startup"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=child_env(),
     )
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert out.stdout.startswith("ImproperlyConfigured"), out.stdout + out.stderr
     assert "only protects one process" in out.stdout
 
