@@ -26,7 +26,7 @@ pytestmark = [
 PREVIOUS_COMMIT = "e6af6cb"
 """The first release, 0.1.0: what main pointed to before the robustness issue's first commit."""
 PREVIOUS_VERSION = "0.1.0"
-CHILD = ROOT / "tests" / "upgrade_child.py"
+CHILD = ROOT / "tests" / "children" / "rolling_upgrade.py"
 KEYS = ["upgrade:a", "upgrade:b", "upgrade:c"]
 SECONDS = 8.0
 PROCESSES_PER_RELEASE = 2

@@ -43,6 +43,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.waiting import eventually
+
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "tutorial.rst"
 HELPERS = Path(__file__).resolve().parent / "tutorial"
@@ -409,15 +411,17 @@ def start_server(reader: Reader, command: list[str], name: str) -> Server:
             text=True,
         )
     server = Server(process, Browser(f"http://127.0.0.1:{port}"), log)
-    deadline = time.monotonic() + TIMEOUT
-    while True:
+
+    def listening() -> bool:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return server
         except OSError:
             assert process.poll() is None, server.output
-            assert time.monotonic() < deadline, server.output
-            time.sleep(0.1)
+            return False
+        return True
+
+    eventually(listening, timeout=TIMEOUT, every=0.1, what=lambda: server.output)
+    return server
 
 
 def stop(server: Server) -> None:

@@ -10,15 +10,16 @@ def eventually(
     predicate: Callable[[], object],
     *,
     timeout: float = 10.0,
-    what: str = "",
+    what: str | Callable[[], str] = "",
     every: float = 0.005,
     ignoring: tuple[type[BaseException], ...] = (),
 ) -> float:
     """Poll until ``predicate()`` is true; return the seconds it took.
 
-    Fails with AssertionError naming ``what`` once ``timeout`` seconds have passed. ``every`` is the
-    sleep between polls; an exception of a type in ``ignoring`` counts as "not yet" (a server still
-    starting refuses in many ways).
+    Fails with AssertionError naming ``what`` once ``timeout`` seconds have passed (a callable
+    ``what`` is asked then: a child's output so far). ``every`` is the sleep between polls; an
+    exception of a type in ``ignoring`` counts as "not yet" (a server still starting refuses in
+    many ways).
     """
     start = time.monotonic()
     while True:
@@ -28,5 +29,6 @@ def eventually(
         except ignoring:
             pass
         if time.monotonic() - start > timeout:
-            raise AssertionError(f"not true after {timeout:g}s: {what or predicate}")
+            said = what() if callable(what) else what
+            raise AssertionError(f"not true after {timeout:g}s: {said or predicate}")
         time.sleep(every)

@@ -30,6 +30,7 @@ VARIABLES: dict[str, str] = {
     "BEAT_APP": "1: django_celery_beat in INSTALLED_APPS (tests/celeryapp/settings.py)",
     "RUNS": "the file Celery tasks append their runs to (tests/celeryapp/tasks.py)",
     "FAULTS_WORKER": "a fault worker's configuration as JSON (tests/faults/worker.py)",
+    "EXPECT_DRIVER": "the PostgreSQL driver a pytest child forced (tests/stores/test_postgres.py)",
 }
 
 
@@ -55,6 +56,7 @@ def child_env(
     beat_app: bool = False,
     runs: str | os.PathLike[str] | None = None,
     faults_worker: Mapping[str, Any] | None = None,
+    expect_driver: str | None = None,
 ) -> dict[str, str]:
     """The environment of a child process.
 
@@ -81,6 +83,7 @@ def child_env(
         "BEAT_APP": "1" if beat_app else None,
         "RUNS": runs,
         "FAULTS_WORKER": faults_worker,
+        "EXPECT_DRIVER": expect_driver,
     }
     for name, value in values.items():
         if value is None:

@@ -10,8 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import time
-from collections.abc import Callable
 
 import pytest
 
@@ -40,20 +38,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def wait_until(predicate: Callable[[], bool], *, timeout: float, what: str) -> None:
-    """Poll ``predicate`` until it is true; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if predicate():
-                return
-        except Exception:  # a server still starting refuses in many ways
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not ready after {timeout:g}s")
-        time.sleep(0.05)
 
 
 def port_open(port: int) -> bool:

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 import uuid
@@ -23,7 +22,8 @@ from django_locks.exceptions import StoreError, StoreTimeoutError
 from django_locks.models import Lease
 from django_locks.stores.database import DatabaseStore
 from django_locks.stores.database.operations import SEQUENCE
-from tests.servers import wait_until
+from tests.children.env import child_env, read
+from tests.waiting import eventually
 
 pytestmark = [
     pytest.mark.postgres,
@@ -58,29 +58,17 @@ def query(conn: Any, statement: str, *params: Any) -> Any:
     return cursor.fetchone() if cursor.description else None
 
 
-def child_env(**extra: str) -> dict[str, str]:
+def postgres_alias() -> dict[str, Any]:
+    """The test database's `postgres` alias, for a child's DJANGO_LOCKS_TEST_POSTGRES."""
     settings_dict = connections["postgres"].settings_dict
-    alias = {name: settings_dict[name] for name in ("ENGINE", "NAME", "USER", "HOST", "PORT")}
-    return {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "DJANGO_LOCKS_TEST_POSTGRES": json.dumps(alias),
-        **extra,
-    }
+    return {name: settings_dict[name] for name in ("ENGINE", "NAME", "USER", "HOST", "PORT")}
 
 
-CHILD_PRELUDE = """
-import django, sys, time
-django.setup()
-from django_locks.stores.database import DatabaseStore
-"""
-
-
-def run_child(code: str) -> str:
-    """Run ``code`` in another process on the same test database; return its stdout."""
+def run_child(*args: str) -> str:
+    """Run tests/children/postgres_store.py on the same test database; return its stdout."""
     result = subprocess.run(
-        [sys.executable, "-c", CHILD_PRELUDE + textwrap.dedent(code)],
-        env=child_env(),
+        [sys.executable, "-m", "tests.children.postgres_store", *args],
+        env=child_env(settings="tests.settings", postgres=postgres_alias()),
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -106,10 +94,11 @@ def test_tokens_keep_growing_after_the_sequence_is_reset(store, sql):
         if round_ % 2:
             assert store.release(name, owner)
         else:
-            deadline = time.monotonic() + 10
-            while store.renew(name, owner, 1):  # poll until expired on the database's clock
-                assert time.monotonic() < deadline
-                time.sleep(0.02)
+
+            def expired(owner: str = owner) -> bool:  # on the database's clock
+                return not store.renew(name, owner, 1)
+
+            eventually(expired, timeout=10, every=0.02, what="the lease expired")
     tokens.append(store.acquire(name, uuid.uuid4().hex, 30_000))
     assert tokens == sorted(set(tokens)), tokens
     assert tokens[-1] > tokens[0]
@@ -125,12 +114,10 @@ def test_a_lock_taken_inside_atomic_is_seen_by_another_process_and_survives_roll
         Lease.objects.using("postgres").count()  # Django's transaction is really open
         token = store.acquire(name, "inside-atomic", 60_000)
         assert token is not None
-        seen = run_child(f"print(DatabaseStore('postgres').acquire({name!r}, 'other', 60_000))")
+        seen = run_child("acquire", name, "other", "60000")
         assert seen == "None", "another process must see the lock at once"
         raise Rollback
-    assert run_child(f"print(DatabaseStore('postgres').acquire({name!r}, 'other', 60_000))") == (
-        "None"
-    )
+    assert run_child("acquire", name, "other", "60000") == "None"
     assert store.renew(name, "inside-atomic", 60_000)
     assert store.acquire(name, "inside-atomic", 60_000) == token
 
@@ -138,18 +125,8 @@ def test_a_lock_taken_inside_atomic_is_seen_by_another_process_and_survives_roll
 def test_a_killed_holders_lease_is_taken_by_another_process_after_ttl(store, sql):
     name, ttl_ms = key(), 2_000
     holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            CHILD_PRELUDE
-            + textwrap.dedent(f"""
-            from django_locks import Locks
-            lock = Locks(DatabaseStore("postgres"), ttl={ttl_ms / 1000}).acquire({name!r})
-            print(lock.fencing_token, flush=True)
-            time.sleep(600)
-            """),
-        ],
-        env=child_env(),
+        [sys.executable, "-m", "tests.children.postgres_store", "hold", name, str(ttl_ms / 1000)],
+        env=child_env(settings="tests.settings", postgres=postgres_alias()),
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,
@@ -164,12 +141,15 @@ def test_a_killed_holders_lease_is_taken_by_another_process_after_ttl(store, sql
     finally:
         holder.kill()
     lapsed_at = query(sql, "SELECT expires_at FROM django_locks_lease WHERE key = %s", name)[0]
-    deadline = time.monotonic() + 15
-    second = None
-    while second is None:
-        assert time.monotonic() < deadline, "the killed holder's lease never lapsed"
-        second = store.acquire(name, "survivor", 30_000)
-        time.sleep(0.01)
+    taken: list[int] = []
+
+    def survivor_took_it() -> bool:
+        token = store.acquire(name, "survivor", 30_000)
+        taken.extend([] if token is None else [token])
+        return token is not None
+
+    eventually(survivor_took_it, timeout=15, every=0.01, what="the killed holder's lease lapsed")
+    second = taken[0]
     taken_at = query(sql, "SELECT acquired_at FROM django_locks_lease WHERE key = %s", name)[0]
     assert second > first
     # On the database's clock: never before the lease lapsed, and at most ttl after the kill.
@@ -216,10 +196,13 @@ def test_a_call_blocked_by_a_row_lock_times_out_and_is_cancelled_on_the_server(s
             store.renew(name, "holder", 60_000, timeout=0.3)
         assert time.monotonic() - started < 1.5
         # The abandoned statement does not stay queued behind the row lock on the server.
-        deadline = time.monotonic() + 10
-        while query(sql, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")[0]:
-            assert time.monotonic() < deadline, "the abandoned statement was never cancelled"
-            time.sleep(0.05)
+        waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+        eventually(
+            lambda: not query(sql, waiting)[0],
+            timeout=10,
+            every=0.05,
+            what="the abandoned statement cancelled",
+        )
     finally:
         query(sql, "ROLLBACK")
     assert store.renew(name, "holder", 60_000)
@@ -335,8 +318,10 @@ def test_acquire_and_release_call_the_stores_sql_functions(sql):
         # Each session reports its statistics now and then, and at its end: wait for them all.
         expected = {"django_locks_acquire": 3, "django_locks_release": 3}
         try:
-            wait_until(lambda: calls() == expected, timeout=10, what="function statistics")
-        except TimeoutError:
+            eventually(
+                lambda: calls() == expected, timeout=10, every=0.05, what="function statistics"
+            )
+        except AssertionError:
             assert calls() == expected  # shows what was counted instead
     finally:
         query(sql, f"ALTER DATABASE {database} RESET track_functions")
@@ -400,11 +385,7 @@ SELECTED = "Pooled or timeout or hung or fork or lost or expected"
 
 @pytest.mark.slow
 def test_django_test_runner_creates_and_destroys_the_test_database_cleanly(sql):
-    env = child_env(
-        DJANGO_LOCKS_TEST_POSTGRES=json.dumps(
-            {**json.loads(child_env()["DJANGO_LOCKS_TEST_POSTGRES"]), "NAME": "djl_runner"}
-        )
-    )
+    env = child_env(settings="tests.settings", postgres={**postgres_alias(), "NAME": "djl_runner"})
     result = subprocess.run(
         [sys.executable, "-m", "django", "test", "--noinput", RUNNER_TESTS],
         env=env,
@@ -424,17 +405,14 @@ def test_django_test_runner_creates_and_destroys_the_test_database_cleanly(sql):
 @pytest.mark.slow
 @pytest.mark.parametrize("driver", ["psycopg", "psycopg2"])
 def test_pytest_django_run_on_each_driver_drops_its_test_database_cleanly(driver):
-    block = "sys.modules['psycopg'] = None; " if driver == "psycopg2" else ""
-    code = (
-        f"import sys; {block}import pytest; sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider',"
-        " '-W', 'error::pytest.PytestWarning',"
-        " 'tests/stores/test_contract.py::PostgresPooledContract',"
-        f" 'tests/stores/test_postgres.py', '-k', {SELECTED!r}]))"
-    )
-    environ = {k: v for k, v in os.environ.items() if k != "DJANGO_LOCKS_TEST_POSTGRES"}
+    args = ["-q", "-p", "no:cacheprovider", "-W", "error::pytest.PytestWarning"]
+    args += [
+        "tests/stores/test_contract.py::PostgresPooledContract",
+        "tests/stores/test_postgres.py",
+    ]
     result = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**environ, "DJANGO_LOCKS_EXPECT_DRIVER": driver},
+        [sys.executable, "-m", "tests.children.pytest_on_driver", driver, *args, "-k", SELECTED],
+        env=child_env(expect_driver=driver),
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -448,7 +426,7 @@ def test_pytest_django_run_on_each_driver_drops_its_test_database_cleanly(driver
 
 def test_connections_use_the_expected_database_driver(store):
     # The per-driver runs name the driver they forced; the main run accepts either.
-    expected = os.environ.get("DJANGO_LOCKS_EXPECT_DRIVER")
+    expected = read("EXPECT_DRIVER")
     store.acquire(key(), "owner", 1_000)
     driver = type(store._pools.state.local.conn.raw).__module__.split(".")[0]
     assert driver == expected if expected else driver in {"psycopg", "psycopg2"}

@@ -10,6 +10,7 @@ import pytest
 
 from django_locks.exceptions import StoreError
 from django_locks.stores.redis import RedisStore
+from tests.waiting import eventually
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -84,11 +85,13 @@ def _take(store: RedisStore, keys: list[str]) -> dict[str, tuple[str, int]]:
 
 
 def _wait_for_rounds(churn: Churn, more_than: int) -> None:
-    deadline = time.monotonic() + 20
-    while churn.rounds() <= more_than:
+    def going() -> bool:
+        if churn.rounds() > more_than:
+            return True
         assert not churn.errors, churn.errors
-        assert time.monotonic() < deadline, "the workers never got going again"
-        time.sleep(0.02)
+        return False
+
+    eventually(going, timeout=20, every=0.02, what="the workers got going again")
 
 
 @pytest.mark.parametrize("hard", [False, True], ids=["clean-shutdown", "kill-9"])

@@ -1,7 +1,7 @@
 """SQLite: a store call that would wait on the caller's own transaction fails at once (SPEC 10).
 
-Each scenario runs in a process of its own on a SQLite file (tests/sqlite_scenarios.py): the
-caller's ``transaction.atomic()`` block, a ``transaction_mode`` option, a TestCase's wrapping
+Each scenario runs in a process of its own on a SQLite file (tests/children/sqlite_scenarios.py):
+the caller's ``transaction.atomic()`` block, a ``transaction_mode`` option, a TestCase's wrapping
 transaction and another process holding the write lock, as a project would meet them.
 """
 
@@ -22,7 +22,8 @@ pytestmark = pytest.mark.slow
 
 
 def scenario(tmp_path: Path, name: str, option: str = "") -> dict[str, Any]:
-    args = [sys.executable, "-m", "tests.sqlite_scenarios", name, str(tmp_path / "db.sqlite3")]
+    module = "tests.children.sqlite_scenarios"
+    args = [sys.executable, "-m", module, name, str(tmp_path / "db.sqlite3")]
     result = subprocess.run(
         [*args, option] if option else args,
         cwd=ROOT,

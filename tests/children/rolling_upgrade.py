@@ -1,12 +1,12 @@
 """A process of the rolling-upgrade test (tests/test_rolling_upgrade.py), run by the previous
 release's virtualenv or by the current tree's.
 
-Run as a script (``python tests/upgrade_child.py ...``), never as ``tests.upgrade_child``: the
+Run as a script (``python tests/children/rolling_upgrade.py ...``), never with ``-m``: the
 script's own directory is then the first entry of ``sys.path``, not the checkout, so
 ``import django_locks`` finds the release installed in the interpreter's environment.
 
-    upgrade_child.py migrate DATABASE_JSON VERSION
-    upgrade_child.py contend DATABASE_JSON VERSION STORE OUT SECONDS KEYS...
+    rolling_upgrade.py migrate DATABASE_JSON VERSION
+    rolling_upgrade.py contend DATABASE_JSON VERSION STORE OUT SECONDS KEYS...
 
 ``contend`` loops acquire / hold / release on the shared KEYS for SECONDS on the ``database`` or
 ``redis`` STORE (a Redis URL follows ``redis=``) and writes one JSON line per hold to OUT: key,

@@ -1,7 +1,7 @@
 """Scenarios of tests/stores/test_sqlite_transactions.py, each in a process of its own on a file.
 
-``python -m tests.sqlite_scenarios SCENARIO DB [transaction_mode|wal]`` configures Django on the
-file ``DB``, migrates it, runs the scenario and prints its facts as one JSON line.
+``python -m tests.children.sqlite_scenarios SCENARIO DB [transaction_mode|wal]`` configures Django
+on the file ``DB``, migrates it, runs the scenario and prints its facts as one JSON line.
 """
 
 from __future__ import annotations
