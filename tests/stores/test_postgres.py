@@ -432,9 +432,34 @@ def test_connections_use_the_expected_database_driver(store):
     assert driver == expected if expected else driver in {"psycopg", "psycopg2"}
 
 
+def pgbouncer_lets_go() -> None:
+    """Close the session's PgBouncer's server connections (if it runs) and wait until it has none:
+    its pool keeps idle ones to the test database, which a clone of that database would meet."""
+    from tests.servers import postgres
+
+    bouncer = postgres.SERVERS.get(postgres.PGBOUNCER_ALIAS)
+    if bouncer is None:
+        return
+
+    def servers() -> list[Any]:
+        admin = bouncer.postgres.connect("pgbouncer", port=bouncer.port)
+        try:
+            cursor = admin.cursor()
+            cursor.execute("RECONNECT")
+            cursor.execute("SHOW SERVERS")
+            return list(cursor.fetchall())
+        finally:
+            admin.close()
+
+    eventually(lambda: servers() == [], timeout=30, what="PgBouncer's server connections closed")
+
+
 def test_the_parallel_runners_clone_is_made_while_a_store_holds_a_connection(store) -> None:
     """`manage.py test --parallel` clones the test database with it as a template, which
     PostgreSQL refuses while anybody is connected to it: the store lets go first."""
+    # Nobody else connected, as where the runner clones: the PgBouncer of the session's
+    # PgBouncer contract (tests/stores/test_contract.py, run before this module) keeps a pool.
+    pgbouncer_lets_go()
     assert store.acquire(f"clone:{uuid.uuid4().hex[:8]}", "o1", 60_000) is not None
     creation = connections["postgres"].creation
     connections["postgres"].close()  # this test's own connection, as the runner's is closed
