@@ -175,4 +175,3 @@ class Processes:
 
 def celery_cmd() -> list[str]:
     return [sys.executable, "-m", "celery", "-A", "tests.celeryapp.app"]
-
