@@ -30,6 +30,10 @@ from django_locks.testing import pytest_plugin
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 
+# It builds the docs with Sphinx (a development requirement, as for `make docs`): a slow test, run
+# by `make test` and CI's whole suite, not by tox's fast envs, which install no Sphinx.
+pytestmark = pytest.mark.slow
+
 # The classes whose public members SPEC section 2 names one by one.
 MEMBERS_OF = ["Locks", "Lock", "AbortSignal", "ManualClock", *stores.__all__]
 FIXTURES = ["locks_reset"]  # pytest fixtures of django_locks.testing (SPEC section 7)
