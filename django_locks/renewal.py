@@ -24,7 +24,7 @@ from django_locks.exceptions import AbortedError, DetectedBy, LockLostError, Loc
 from django_locks.policy import DRIFT as DRIFT  # where the API reference has long shown them
 from django_locks.policy import MARGIN as MARGIN
 from django_locks.policy import MIN_CALL_TIMEOUT as MIN_CALL_TIMEOUT
-from django_locks.policy import POLICY, RenewalPolicy
+from django_locks.policy import POLICY
 from django_locks.renewal_batch import RenewalBatch, batch_for
 from django_locks.renewal_batch import held as _held
 from django_locks.stores.base import LockStore, holder_name
@@ -55,7 +55,6 @@ class Keeper:
         "fencing_token",
         "key",
         "owner",
-        "policy",
         "sender",
         "state",
         "store",
@@ -74,7 +73,6 @@ class Keeper:
         fencing_token: int,
         ttl_ms: int,
         sent: float,
-        policy: RenewalPolicy = POLICY,
     ) -> None:
         self.store = store
         self.clock = clock
@@ -85,7 +83,6 @@ class Keeper:
         self.ttl = ttl_ms / 1000
         self.ttl_ms = ttl_ms
         self.state: State = "held"
-        self.policy = policy
         self._abort: AbortController | None = None  # made with the signal
         self._reason: BaseException | None = None  # why it ended (None: released)
         self._mutex = threading.RLock()
@@ -95,9 +92,9 @@ class Keeper:
         # What _confirmed(sent) does, inlined (one lock made per acquire): every field a
         # renewal batch reads is set before the keeper joins `_held`, where a batch running
         # on another thread may see it at once; its only timer is made last.
-        self.deadline = policy.deadline(sent, self.ttl)
+        self.deadline = POLICY.deadline(sent, self.ttl)
         self._due = False
-        self._renew_at = renew_at = sent + policy.period(self.ttl)
+        self._renew_at = renew_at = sent + POLICY.period(self.ttl)
         # Joined and timed under the mutex: a batch that takes it along at once answers under
         # the same mutex, so its timer (a renewal confirmed) is never overwritten by this one.
         with self._mutex:
@@ -137,9 +134,9 @@ class Keeper:
 
     def _confirmed(self, sent: float) -> None:
         """The store confirmed the acquire or renewal sent at ``sent``: move the deadline."""
-        self.deadline = self.policy.deadline(sent, self.ttl)
+        self.deadline = POLICY.deadline(sent, self.ttl)
         self._due = False
-        self._schedule_renewal(sent + self.policy.period(self.ttl))
+        self._schedule_renewal(sent + POLICY.period(self.ttl))
 
     def _schedule_renewal(self, when: float) -> None:
         """One timer per lock: at its next renewal, and once that fell due, at its deadline."""
@@ -188,7 +185,7 @@ class Keeper:
             self._batch is batch
             and self.state == "held"
             and not self._in_flight
-            and (self._due or self._renew_at - now <= self.policy.lookahead(self.ttl))
+            and (self._due or self._renew_at - now <= POLICY.lookahead(self.ttl))
             and now < self.deadline
         ):
             self._in_flight = True
@@ -204,7 +201,7 @@ class Keeper:
                 self.key,
                 self.owner,
                 self.ttl_ms,
-                timeout=self.policy.renew_timeout(self.deadline, sent),
+                timeout=POLICY.renew_timeout(self.deadline, sent),
             )
         except Exception as exc:  # any failure is retried until the deadline, never a refusal
             error = exc
@@ -228,7 +225,7 @@ class Keeper:
                 if renewed:
                     self.clock.spawn(self._release_quietly)
             elif error is not None:
-                retry_in = self.policy.retry(self.ttl)
+                retry_in = POLICY.retry(self.ttl)
                 retry = (retry_in, self.deadline - now)
                 self._schedule_renewal(now + retry_in)
             elif not renewed:
@@ -293,7 +290,7 @@ class Keeper:
     def call_timeout(self) -> float:
         """Seconds a store call of this lock may take now: its remaining validity (the holder
         deadline), never less than the policy's ``min_call_timeout``."""
-        return self.policy.call_timeout(self.deadline, self.clock.monotonic())
+        return POLICY.call_timeout(self.deadline, self.clock.monotonic())
 
     def release(self) -> bool:
         """Stop renewing and free the lease. ``True`` if the store confirmed it was still ours.
@@ -314,7 +311,7 @@ class Keeper:
         # lock's ttl (a command's min_hold cut short, a beat's hand-back stretched): let it be
         # answered first. It ends by the holder deadline, whatever the store does.
         while self._in_flight and self.clock.monotonic() < self.deadline:
-            time.sleep(self.policy.leave_poll)
+            time.sleep(POLICY.leave_poll)
         return self.store.renew(self.key, self.owner, ttl_ms, timeout=self.call_timeout())
 
     def stop(self) -> bool:

@@ -7,6 +7,7 @@ import weakref
 from typing import TYPE_CHECKING
 
 from django_locks.clock import Clock
+from django_locks.policy import POLICY
 from django_locks.stores.base import LockStore
 
 if TYPE_CHECKING:
@@ -22,7 +23,7 @@ class RenewalBatch:
     (``renew_many``) per round, instead of one call per lock.
 
     A round starts when some lock's renewal falls due; it takes along every lock whose renewal
-    falls due soon (``Keeper.join_round`` says which, by the lock's policy). While a round's call
+    falls due soon (``Keeper.join_round`` says which, by the renewal policy). While a round's call
     is out, locks falling due wait for the next round, which starts as soon as the call returns.
     """
 
@@ -64,8 +65,8 @@ class RenewalBatch:
             raise
 
     def _renew(self, batch: list[Keeper], sent: float) -> None:
-        # The earliest deadline of the round bounds the call (each lock's policy says how).
-        timeout = min(keeper.policy.renew_timeout(keeper.deadline, sent) for keeper in batch)
+        # The earliest deadline of the round bounds the call.
+        timeout = POLICY.renew_timeout(min(keeper.deadline for keeper in batch), sent)
         leases = [(keeper.key, keeper.owner, keeper.ttl_ms) for keeper in batch]
         try:
             results = self.store.renew_many(leases, timeout=timeout)
