@@ -1,8 +1,9 @@
 """Celery's private API: every name django_locks uses that Celery does not document, in one place.
 
-Checked against Celery 5.4.0 (the oldest supported, ``celery>=5.4`` in pyproject.toml and tox.ini)
-and 5.7.0 (what those resolve to today). ``tests/test_celery_seam.py`` fails when ``celery._`` is
-imported anywhere else in the package; a new Celery release is checked here first.
+Read in the source of Celery 5.4.0 (the oldest supported, ``celery>=5.4`` in pyproject.toml and
+tox.ini) and run by the test suite on 5.7.0 (what those resolve to today; no env pins 5.4.0).
+``tests/test_celery_seam.py`` fails when ``celery._`` is imported anywhere else in the package; a
+new Celery release is checked here first.
 """
 
 from __future__ import annotations
