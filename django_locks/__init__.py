@@ -50,7 +50,10 @@ if TYPE_CHECKING:
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        # Kept in the package's namespace: later lookups (``django_locks.locks`` in a hot path)
+        # find it there, not through this function and import_module() each time.
+        value = globals()[name] = getattr(importlib.import_module(_LAZY[name]), name)
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
