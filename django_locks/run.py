@@ -17,7 +17,7 @@ from typing import Any
 from django_locks.context import running_under
 from django_locks.exceptions import LocksError, StoreError
 from django_locks.job import JobSpec
-from django_locks.lock import Lock, release_failed
+from django_locks.lock import Lock
 from django_locks.ownership import ELSEWHERE, IN_PROGRESS, log_owner, skipped, sticky
 
 logger = logging.getLogger("django_locks")
@@ -68,24 +68,6 @@ def _link(owner: Lock | None, run: Lock) -> Callable[[], None]:
     return lambda: owner.signal.remove_callback(propagate)
 
 
-def _release(lock: Lock) -> None:
-    """Release a run's lock: a store failure is logged, never raised over the run's result or
-    exception (the lease lapses at its ttl)."""
-    try:
-        lock.release()
-    except StoreError as error:
-        release_failed(lock, error)
-
-
-async def _arelease(lock: Lock) -> None:
-    """:func:`_release` for async runs: it completes whatever the cancellation, so that the
-    next run finds the key free (see ``Lock.arelease``)."""
-    try:
-        await lock.arelease()
-    except StoreError as error:
-        release_failed(lock, error)
-
-
 # The run protocol: a generator of the steps that need I/O, whose answers are sent back into
 # it. Sync and async runs share it whole; their drivers (below) differ only in how each step
 # is done. The policies in front (a sticky owner lease, a per-run one kept for min_hold, none
@@ -102,7 +84,9 @@ class Acquire:
 
 @dataclasses.dataclass(frozen=True)
 class Release:
-    """Release ``lock`` (a store failure is logged, see :func:`_release`)."""
+    """Release ``lock`` as leaving its ``with`` block does: a store failure is logged, never
+    raised over the run's result or exception (the lease lapses at its ttl); an async release
+    completes whatever the cancellation (see ``Lock.arelease``)."""
 
     lock: Lock
 
@@ -259,7 +243,7 @@ def _drive(locks: Any, steps: Steps, call: Callable[[], Any]) -> Any:
             elif isinstance(step, Acquire):
                 answer = locks._acquire(step.key, step.ttl_ms, 0.0, None)
             elif isinstance(step, Release):
-                _release(step.lock)
+                step.lock.__exit__(None, None, None)  # the lock's own block end
             else:
                 _hold_and_leave(step.lock, step.ms)
         except BaseException as exc:
@@ -287,7 +271,7 @@ async def _adrive(locks: Any, steps: Steps, call: Callable[[], Awaitable[Any]]) 
             elif isinstance(step, Acquire):
                 answer = await locks._aacquire(step.key, step.ttl_ms, 0.0, None)
             elif isinstance(step, Release):
-                await _arelease(step.lock)
+                await step.lock.__aexit__(None, None, None)
             else:
                 raise TypeError("min_hold is for management commands, which are synchronous")
         except BaseException as exc:
