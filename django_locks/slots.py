@@ -1,0 +1,32 @@
+"""Keys taken with permits in a listing of leases (the admin, ``manage.py locks``)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+from django_locks.stores.base import LeaseInfo, LockStore
+
+
+def base_of(lease: LeaseInfo) -> str | None:
+    """The key a slot belongs to (its key without ``#<permit>``); ``None`` for any other lease."""
+    if lease.permit is None:
+        return None
+    return lease.key.removesuffix(f"#{lease.permit}")
+
+
+def held_slots(leases: Iterable[LeaseInfo]) -> Counter[str]:
+    """How many held slots each key taken with permits has among ``leases``."""
+    return Counter(
+        base for lease in leases if lease.state == "held" and (base := base_of(lease)) is not None
+    )
+
+
+def count_held_slots(store: LockStore, key: str) -> int | None:
+    """How many slots of ``key`` the store holds now (one listing of its held leases), ``None``
+    when the store cannot list them. For a release's question and its report, before the
+    release: a slot taken or freed meanwhile is not counted."""
+    try:
+        return held_slots(store.leases())[key]
+    except NotImplementedError:
+        return None
