@@ -290,10 +290,11 @@ WITH freed AS (
     RETURNING key)
 SELECT pg_notify('{RAW_CHANNEL}', key) FROM freed
 """
-# The SQL functions of django_locks' migration 0002 (a migration is frozen: so are they), and
-# the channel django_locks_release() notifies.
-PG_ACQUIRE_CALL = "SELECT django_locks_acquire(%s, %s, %s, %s::bigint)"
-PG_RELEASE_CALL = "SELECT django_locks_release(%s, %s)"
+# The SQL functions the store calls, of django_locks' migration 0003 (a migration is frozen: so
+# are they): the acquire recording the holder (answering with the holder when refused), and the
+# release recording how the lease ended; and the channel both releases notify.
+PG_ACQUIRE_CALL = "SELECT taken FROM django_locks_acquire_as(%s, %s, %s, %s, %s, %s::bigint)"
+PG_RELEASE_CALL = "SELECT django_locks_end(%s, %s, 'released')"
 STORE_CHANNEL = "django_locks_released"
 
 
@@ -391,7 +392,7 @@ class StoreSqlLeaseSession(PgSession):
         self.listening = False
 
     def _try(self, key: str) -> bool:
-        args = (key, self.owner, "bench-raw-sql", EXPIRY_S * 1000)
+        args = (key, self.owner, "bench-raw-sql", "process", "", EXPIRY_S * 1000)
         return self.conn.execute(PG_ACQUIRE_CALL, args).fetchone()[0] is not None
 
     def pair(self, key: str) -> None:
@@ -424,7 +425,7 @@ class SqlFunctionSession(PgSession, PairOnly):
     store's Python around them."""
 
     def pair(self, key: str) -> None:
-        args = (key, "bench-sql-functions", "bench", EXPIRY_S * 1000)
+        args = (key, "bench-sql-functions", "bench", "process", "", EXPIRY_S * 1000)
         if self.conn.execute(PG_ACQUIRE_CALL, args).fetchone()[0] is None:
             raise RuntimeError(f"{key!r} was taken")
         self.conn.execute(PG_RELEASE_CALL, args[:2]).fetchone()

@@ -10,14 +10,16 @@ from typing import Any
 
 from django.utils.module_loading import import_string
 
-from django_locks.stores.base import LeaseInfo, LockStore
+from django_locks.holders import Holder
+from django_locks.stores.base import LeaseInfo, LockStore, PermitGrant
 
 
 class CountingStore(LockStore):
     """Forwards every call to the store ``backend(**options)`` and counts it, per method and
     per calling thread. Usable as ``LOCKS["BACKEND"]`` (a custom store), so that the service
     the decorators use is counted too. Each counted call is one round trip on our stores
-    (``renew_many`` included: one statement on PostgreSQL, one pipeline on Redis)."""
+    (``renew_many`` included: one statement on PostgreSQL, one pipeline on Redis). Permits
+    are forwarded too (``acquire_permit``; a permit's ``Slot`` keys reach the store as given)."""
 
     def __init__(self, *, backend: str, options: dict[str, Any] | None = None) -> None:
         self.inner: LockStore = import_string(backend)(**(options or {}))
@@ -54,6 +56,23 @@ class CountingStore(LockStore):
     ) -> int | None:
         self._count("acquire")
         return self.inner.acquire(key, owner, ttl_ms, timeout=timeout)
+
+    @property
+    def supports_permits(self) -> bool:  # type: ignore[override]
+        return self.inner.supports_permits
+
+    def acquire_permit(
+        self,
+        key: str,
+        owner: str,
+        ttl_ms: int,
+        permits: int,
+        holder: Holder,
+        *,
+        timeout: float | None = None,
+    ) -> PermitGrant | Holder | None:
+        self._count("acquire_permit")
+        return self.inner.acquire_permit(key, owner, ttl_ms, permits, holder, timeout=timeout)
 
     def renew(self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None) -> bool:
         self._count("renew", 1)

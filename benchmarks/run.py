@@ -5,7 +5,12 @@ against the round-trip floor and the peers in the same run, prints the figures a
 compare with the goals of issues 10 to 17. ``--quick`` runs tiny iteration counts (the smoke
 test); ``--json FILE`` also writes every figure as JSON; ``--pinned`` runs every section with this
 process pinned to one core and the servers to the other (a server on other hardware: the
-client's CPU per operation then shows in its throughput). Without ``--pinned``, the PostgreSQL
+client's CPU per operation then shows in its throughput); ``--admin`` measures the admin's
+Leases page against a plain ``ModelAdmin`` instead (``benchmarks/admin.py``, issue 20), on
+PostgreSQL alone; ``--exporters`` the metrics exporters' cost per acquire + release, no server
+(``benchmarks/exporters.py``, issue 21); ``--permits`` permits against plain locks on every
+store (``benchmarks/permits.py``, issue 22; ``--store`` and ``--pinned`` apply). Without
+``--pinned``, the PostgreSQL
 16-thread throughput against a raw LISTEN/NOTIFY lease is measured both ways. Counts (round
 trips, store calls) are exact; times depend on the machine: read them as ratios measured side by
 side.
@@ -546,8 +551,8 @@ def run_postgres(
         f"   {PREPARED.strip()}: django_locks on an alias whose OPTIONS set\n"
         "   server_side_binding=True, prepare_threshold=5, so psycopg 3 prepares the store's\n"
         "   statements: possible on a direct connection only, not behind PgBouncer < 1.21;\n"
-        f"   {SQL_FUNCTIONS.strip()}: the SQL functions the store calls (django_locks_acquire,\n"
-        "   django_locks_release), called on a plain psycopg connection that prepares them: what\n"
+        f"   {SQL_FUNCTIONS.strip()}: the SQL functions the store calls (django_locks_acquire_as,\n"
+        "   django_locks_end), called on a plain psycopg connection that prepares them: what\n"
         "   the operations cost the server;\n"
         f"   {RAW_STORE_SQL}: those functions called by a raw psycopg lease, which LISTENs from\n"
         "   its first wait on; the raw LISTEN/NOTIFY lease LISTENs on each of its connections.)"
@@ -650,15 +655,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--store",
         action="append",
-        choices=["postgres", "redis"],
-        help="measure this store only (repeatable; default: both)",
+        choices=["postgres", "redis", "memory", "sqlite"],
+        help="measure this store only (repeatable; default: both; memory, sqlite: --permits)",
     )
     parser.add_argument(
         "--pinned",
         action="store_true",
         help="pin this process to one core and the servers to the other for every section",
     )
+    parser.add_argument(
+        "--admin",
+        action="store_true",
+        help="measure the admin's Leases page against a plain ModelAdmin instead (on PostgreSQL)",
+    )
+    parser.add_argument(
+        "--exporters",
+        action="store_true",
+        help="measure the metrics exporters' cost per acquire + release instead (no server)",
+    )
+    parser.add_argument(
+        "--permits",
+        action="store_true",
+        help="measure permits against plain locks instead (every store, or --store's)",
+    )
     args = parser.parse_args(argv)
+    if args.permits:
+        return main_permits(args)
+    if set(args.store or ()) - {"postgres", "redis"}:
+        parser.error("--store memory and --store sqlite are measured with --permits only")
+    if args.admin:
+        return main_admin(args.quick, args.json)
+    if args.exporters:
+        return main_exporters(args.quick, args.json)
     plan = QUICK if args.quick else Plan()
     stores = set(args.store or ["postgres", "redis"])
     results: dict[str, Any] = {"machine": machine(), "quick": args.quick, "pinned": args.pinned}
@@ -708,6 +736,87 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(results, fh, indent=2)
+    return 0
+
+
+def main_admin(quick: bool, json_file: str | None) -> int:
+    """``--admin``: the Leases page against a plain ModelAdmin (``benchmarks/admin.py``)."""
+    from benchmarks import admin
+
+    results: dict[str, Any] = {"machine": machine(), "quick": quick}
+    info = results["machine"]
+    say(
+        "django_locks benchmarks: the admin"
+        + (" (--quick: tiny counts, the times mean nothing)" if quick else "")
+    )
+    say(
+        f"{info['date']}; Python {info['python']} on {info['platform']}, {info['cpus']} CPUs, "
+        f"load average {' '.join(map(str, info['load_average']))}"
+    )
+    say()
+    try:
+        results["admin"] = admin.main(quick=quick)
+    except environment.Unavailable as exc:
+        say(f"Cannot run: {exc}")
+        return 2
+    if json_file:
+        with open(json_file, "w", encoding="utf-8") as fh:
+            json.dump(results, fh, indent=2)
+    return 0
+
+
+def main_permits(args: argparse.Namespace) -> int:
+    """``--permits``: a permit against a plain lock (``benchmarks/permits.py``, issue 22)."""
+    from benchmarks import permits
+
+    results: dict[str, Any] = {"machine": machine(), "quick": args.quick, "pinned": args.pinned}
+    info = results["machine"]
+    say(
+        "django_locks benchmarks: permits"
+        + (" (--quick: tiny counts, the times mean nothing)" if args.quick else "")
+    )
+    say(
+        f"{info['date']}; Python {info['python']} on {info['platform']}, {info['cpus']} CPUs, "
+        f"load average {' '.join(map(str, info['load_average']))}"
+        + (
+            f"; pinned: this process on core {environment.CLIENT_CPU}, the servers on core "
+            f"{environment.SERVER_CPU}"
+            if args.pinned
+            else ""
+        )
+    )
+    say()
+    try:
+        stores = set(args.store) if args.store else None
+        results.update(permits.main(quick=args.quick, stores=stores, pinned=args.pinned))
+    except environment.Unavailable as exc:
+        say(f"Cannot run: {exc}")
+        return 2
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(results, fh, indent=2)
+    return 0
+
+
+def main_exporters(quick: bool, json_file: str | None) -> int:
+    """``--exporters``: the metrics exporters' cost (``benchmarks/exporters.py``, issue 21)."""
+    from benchmarks import exporters
+
+    results: dict[str, Any] = {"machine": machine(), "quick": quick}
+    info = results["machine"]
+    say(
+        "django_locks benchmarks: the metrics exporters"
+        + (" (--quick: tiny counts, the times mean nothing)" if quick else "")
+    )
+    say(
+        f"{info['date']}; Python {info['python']} on {info['platform']}, {info['cpus']} CPUs, "
+        f"load average {' '.join(map(str, info['load_average']))}"
+    )
+    say()
+    results["exporters"] = exporters.main(quick=quick)
+    if json_file:
+        with open(json_file, "w", encoding="utf-8") as fh:
             json.dump(results, fh, indent=2)
     return 0
 

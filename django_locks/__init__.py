@@ -17,14 +17,17 @@ _LAZY = {
     "LockNotAcquiredError": "django_locks.exceptions",
     "LockReleasedError": "django_locks.exceptions",
     "LocksError": "django_locks.exceptions",
+    "PermitsMismatchError": "django_locks.exceptions",
     "StoreError": "django_locks.exceptions",
     "StoreTimeoutError": "django_locks.exceptions",
+    "Holder": "django_locks.holders",
     "leader_election": "django_locks.leader",
     "Lock": "django_locks.lock",
     "Locks": "django_locks.service",
     "locks": "django_locks.service",
     "on_one_instance": "django_locks.decorators",
     "without_overlapping": "django_locks.decorators",
+    "limit_concurrency": "django_locks.decorators",
 }
 
 __all__ = sorted(_LAZY)
@@ -34,14 +37,17 @@ if TYPE_CHECKING:
     # `as`); tests/test_public_names.py keeps the two equal.
     from django_locks.abort import AbortSignal as AbortSignal
     from django_locks.context import current_lock as current_lock
+    from django_locks.decorators import limit_concurrency as limit_concurrency
     from django_locks.decorators import on_one_instance as on_one_instance
     from django_locks.decorators import without_overlapping as without_overlapping
     from django_locks.exceptions import LockLostError as LockLostError
     from django_locks.exceptions import LockNotAcquiredError as LockNotAcquiredError
     from django_locks.exceptions import LockReleasedError as LockReleasedError
     from django_locks.exceptions import LocksError as LocksError
+    from django_locks.exceptions import PermitsMismatchError as PermitsMismatchError
     from django_locks.exceptions import StoreError as StoreError
     from django_locks.exceptions import StoreTimeoutError as StoreTimeoutError
+    from django_locks.holders import Holder as Holder
     from django_locks.leader import leader_election as leader_election
     from django_locks.lock import Lock as Lock
     from django_locks.service import Locks as Locks

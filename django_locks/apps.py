@@ -7,6 +7,7 @@ from typing import Any
 
 from django.apps import AppConfig
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 
 
@@ -16,7 +17,7 @@ class DjangoLocksConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django_locks import checks, conf
+        from django_locks import checks, conf, exporters
 
         # Refuse a misconfigured deploy here, without I/O: system checks do not run under
         # gunicorn, uWSGI or Celery. The configured DEBUG is seen here; test runners set
@@ -25,6 +26,7 @@ class DjangoLocksConfig(AppConfig):
         conf.build_store(config)
         conf.refuse_in_memory_in_production(config, debug=settings.DEBUG)
         conf.remember_debug(settings.DEBUG)
+        exporters.configure(config.metrics)
         checks.register()
         setting_changed.connect(_on_setting_changed, dispatch_uid="django_locks.setting_changed")
         if importlib.util.find_spec("celery") is not None:
@@ -38,10 +40,15 @@ class DjangoLocksConfig(AppConfig):
 
 def _on_setting_changed(*, setting: str, value: Any = None, **kwargs: Any) -> None:
     if setting == "LOCKS":
-        from django_locks import conf, service
+        from django_locks import conf, exporters, service
 
         conf.reset()
         service.forget_default()
+        try:
+            metrics = conf.get().metrics
+        except ImproperlyConfigured:
+            return  # the service's first use raises it, as for any bad LOCKS
+        exporters.configure(metrics)
     elif setting == "DEBUG":
         from django_locks import conf
 

@@ -13,10 +13,20 @@ from django_locks import conf
 
 
 def register() -> None:
+    # The order matters: check_store runs first in every run that runs the other two.
     checks.register(check_settings, "django_locks")
     checks.register(check_store, "django_locks")
+    # Django passes every alias as `databases` to every check when none was asked for: only a
+    # check tagged "database" runs just when one was (check --database, migrate, the test
+    # runner), so the store's I/O waits for that tag or --deploy.
+    checks.register(check_store_databases, "django_locks", checks.Tags.database)
     checks.register(check_production, "django_locks", deploy=True)
     checks.register(check_store_deploy, "django_locks", deploy=True)
+
+
+# The I/O findings check_store_databases reported in this run (check_store starts each run
+# afresh), which check_store_deploy then does not repeat under `check --deploy --database`.
+_said: list[checks.CheckMessage] = []
 
 
 def check_settings(
@@ -66,27 +76,35 @@ def check_production(
 
 def check_store(
     app_configs: Sequence[AppConfig] | None = None,
-    databases: Iterable[str] | None = None,
     **kwargs: Any,
 ) -> list[checks.CheckMessage]:
-    """The configured store's own checks: without I/O always, the I/O ones only for the
-    ``databases`` Django names (``check --database``, the test runner's databases)."""
-    return _store_messages(databases=databases, deploy=False)
+    """The configured store's own checks that need no I/O (run by every ``check``)."""
+    _said.clear()
+    return _store_messages(databases=None, deploy=False)
 
 
-def check_store_deploy(
+def check_store_databases(
     app_configs: Sequence[AppConfig] | None = None,
     databases: Iterable[str] | None = None,
     **kwargs: Any,
 ) -> list[checks.CheckMessage]:
-    """The configured store's deployment checks (``check --deploy``), which may do I/O.
-
-    Under ``check --deploy --database ...`` the database-tagged check reports the same I/O
-    findings already: say them once."""
-    if databases:
+    """The store's checks that need I/O, for the ``databases`` Django names: run only when
+    some are (``check --database``, ``migrate``, the test runner's databases)."""
+    if not databases:
         return []
-    # check_store reports the store's checks without I/O already (W101, say): say them once.
-    said = _store_messages(databases=None, deploy=False)
+    without_io = _store_messages(databases=None, deploy=False)
+    found = [m for m in _store_messages(databases=databases, deploy=False) if m not in without_io]
+    _said.extend(found)
+    return found
+
+
+def check_store_deploy(
+    app_configs: Sequence[AppConfig] | None = None,
+    **kwargs: Any,
+) -> list[checks.CheckMessage]:
+    """The configured store's deployment checks (``check --deploy``), which may do I/O; each
+    finding said once, whether ``--database`` was given too or not."""
+    said = _store_messages(databases=None, deploy=False) + _said
     return [m for m in _store_messages(databases=None, deploy=True) if m not in said]
 
 

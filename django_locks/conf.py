@@ -23,7 +23,11 @@ DEFAULTS: dict[str, Any] = {
     "ALLOW_IN_MEMORY_STORAGE": False,
     "CELERY_BEAT_LEADER": False,
     "CLOCK": None,
+    "METRICS": [],
 }
+
+EXPORTERS = ("opentelemetry", "prometheus")
+"""The exporters ``LOCKS["METRICS"]`` may name (``django_locks.exporters`` turns them on)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +42,7 @@ class LocksSettings:
     allow_in_memory_storage: bool
     celery_beat_leader: bool
     clock: Clock | None
+    metrics: tuple[str, ...] = ()
 
     @property
     def in_memory(self) -> bool:
@@ -101,7 +106,26 @@ def read(raw: object = None) -> LocksSettings:
         allow_in_memory_storage=values["ALLOW_IN_MEMORY_STORAGE"],
         celery_beat_leader=values["CELERY_BEAT_LEADER"],
         clock=_read_clock(values["CLOCK"]),
+        metrics=_read_metrics(values["METRICS"]),
     )
+
+
+def _read_metrics(value: object) -> tuple[str, ...]:
+    """``LOCKS["METRICS"]``: a list of exporter names, each known and named once."""
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise ImproperlyConfigured(
+            f"LOCKS['METRICS'] must be a list of exporter names (of {list(EXPORTERS)}), got "
+            f"{value!r}; for example LOCKS['METRICS'] = ['prometheus']."
+        )
+    unknown = [name for name in value if name not in EXPORTERS]
+    if unknown:
+        raise ImproperlyConfigured(
+            f"LOCKS['METRICS'] names {', '.join(map(repr, unknown))}; the exporters are "
+            f"{', '.join(map(repr, EXPORTERS))}."
+        )
+    if len(set(value)) != len(value):
+        raise ImproperlyConfigured(f"LOCKS['METRICS'] names an exporter twice: {value!r}.")
+    return tuple(value)
 
 
 def _read_clock(value: object) -> Clock | None:

@@ -31,7 +31,13 @@ from typing import Any, ParamSpec, Protocol, TypeVar, cast, overload
 from django_locks import durations
 from django_locks.durations import Duration
 from django_locks.job import ATTRIBUTE, OWNER_SUFFIX, JobSpec, OnceSpec, RunSpec, job_spec
-from django_locks.keys import check_template, template_fields, validate_key
+from django_locks.keys import (
+    check_permits,
+    check_template,
+    permit_suffix,
+    template_fields,
+    validate_key,
+)
 from django_locks.ownership import ELSEWHERE, IN_PROGRESS, release_owner_leases, skipped
 from django_locks.run import (
     arun_function,
@@ -50,6 +56,7 @@ __all__ = [
     "JobSpec",
     "holder_text",
     "job_spec",
+    "limit_concurrency",
     "on_one_instance",
     "release_owner_leases",
     "set_task_name_hook",
@@ -160,6 +167,30 @@ def without_overlapping(
     return decorate
 
 
+def limit_concurrency(
+    key: str | None = None, *, permits: int, ttl: Duration | None = None
+) -> JobDecorator:
+    """Run at most ``permits`` runs of the decorated job at once, anywhere: each run holds one
+    of the key's permits (``<key>#<n>``) for the whole run, renewed and fenced like a lock.
+
+    ``key`` as for :func:`on_one_instance` (a template: ``"export:{tenant}"`` limits each
+    tenant on its own); ``permits``: 1 to 1000 (1 is :func:`without_overlapping`); ``ttl``:
+    each permit's ttl (default ``LOCKS["TTL"]``). Inside a run, ``current_lock()`` is its
+    permit (``.permit`` says which). A run that finds every permit taken is skipped: logged,
+    ``run_skipped`` sent with ``code="at_capacity"``, ``None`` returned. Every user of the key
+    gives the same ``permits``. Needs a store offering permits (the database, Redis and
+    in-memory stores).
+    """
+    count = check_permits(permits)
+    _check_key_argument(key, suffix=permit_suffix(count))
+    spec = RunSpec(key=key, ttl_ms=None if ttl is None else durations.ttl_ms(ttl), permits=count)
+
+    def decorate(target: F) -> F:
+        return cast(F, _decorate(target, run=spec))
+
+    return cast(JobDecorator, decorate)
+
+
 def _check_key_argument(key: object, *, suffix: str = "") -> None:
     if key is None:
         return
@@ -176,8 +207,15 @@ def _decorate(target: Any, *, once: OnceSpec | None = None, run: RunSpec | None 
     if isinstance(spec, JobSpec):
         # The other decorator is already applied: rebuild ONE wrapper around the original.
         if (once and spec.once) or (run and spec.run):
-            which = "on_one_instance" if once else "without_overlapping"
-            raise TypeError(f"@{which} is applied twice to {spec.name}")
+            if once:
+                raise TypeError(f"@on_one_instance is applied twice to {spec.name}")
+            assert run is not None and spec.run is not None
+            if run.decorator == spec.run.decorator:
+                raise TypeError(f"@{run.decorator} is applied twice to {spec.name}")
+            raise TypeError(
+                f"@limit_concurrency and @without_overlapping both hold a run lock: apply one "
+                f"of them to {spec.name}"
+            )
         spec = dataclasses.replace(spec, once=once or spec.once, run=run or spec.run)
     elif is_function:
         spec = _new_spec(target, once, run)
@@ -189,8 +227,8 @@ def _decorate(target: Any, *, once: OnceSpec | None = None, run: RunSpec | None 
             if contrib.is_task(target):
                 return contrib.decorate_task(target, lambda fn: _decorate(fn, once=once, run=run))
         raise TypeError(
-            f"on_one_instance / without_overlapping decorate functions, management command "
-            f"handle() methods and Celery tasks, got {target!r}"
+            f"on_one_instance / without_overlapping / limit_concurrency decorate functions, "
+            f"management command handle() methods and Celery tasks, got {target!r}"
         )
     for key in (spec.once and spec.once.key, spec.run and spec.run.key):
         if key:

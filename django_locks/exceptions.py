@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from django_locks.holders import Holder
 
 DetectedBy = Literal["renewal", "deadline"]
 
@@ -12,13 +15,46 @@ class LocksError(Exception):
 
 
 class LockNotAcquiredError(LocksError):
-    """The key stayed taken for the whole wait (raised by ``lock()`` and ``with_lock()``)."""
+    """The key stayed taken for the whole wait (raised by ``lock()`` and ``with_lock()``).
 
-    def __init__(self, key: str, wait: float) -> None:
+    ``holder`` is who held it at the last try (a ``Holder``), when the store could say so in
+    that same round trip, else ``None``; for a key taken with ``permits`` above 1 (also an
+    attribute), the holder whose lease ends first."""
+
+    def __init__(
+        self, key: str, wait: float, holder: Holder | None = None, permits: int = 1
+    ) -> None:
         self.key = key
         self.wait = wait
+        self.holder = holder
+        self.permits = permits
         waited = f"after waiting {wait:g}s" if wait else "on the first try"
-        super().__init__(f"Lock {key!r} is held by another owner; not acquired {waited}.")
+        if permits > 1:
+            first = (
+                f"; the first to end is held by {holder.describe()}" if holder is not None else ""
+            )
+            what = f"Every one of the {permits} permits of {key!r} is taken{first}"
+        else:
+            by = f"held by {holder.describe()}" if holder is not None else "held by another owner"
+            what = f"Lock {key!r} is {by}"
+        super().__init__(f"{what}; not acquired {waited}.")
+
+
+class PermitsMismatchError(LocksError):
+    """One key is used with one ``permits`` value: ``key`` was asked with ``permits`` while
+    its live leases use ``live`` (1: a plain lock holds it). Raised by a store offering
+    permits, before anything is written; nothing was taken."""
+
+    def __init__(self, key: str, permits: int, live: int) -> None:
+        self.key = key
+        self.permits = permits
+        self.live = live
+        super().__init__(
+            f"Lock {key!r} was asked with permits={permits}, but its live leases use "
+            f"permits={live}: one key is used with one permits value. Give every caller of "
+            f"this key the same permits=, or wait for the live leases to end (or free them: "
+            f"manage.py locks release {key!r})."
+        )
 
 
 class LockLostError(LocksError):

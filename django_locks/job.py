@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django_locks import registry
-from django_locks.keys import render_key, validate_key
+from django_locks.keys import permit_suffix, render_key, validate_key
 
 OWNER_SUFFIX = ":owner"
 
@@ -26,10 +26,15 @@ class OnceSpec:
 
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
-    """What ``without_overlapping`` was given."""
+    """What ``without_overlapping`` (``permits`` 1) or ``limit_concurrency`` was given."""
 
     key: str | None
     ttl_ms: int | None
+    permits: int = 1
+
+    @property
+    def decorator(self) -> str:
+        return "limit_concurrency" if self.permits > 1 else "without_overlapping"
 
 
 @dataclasses.dataclass
@@ -63,8 +68,11 @@ class JobSpec:
         return validate_key(key, suffix=OWNER_SUFFIX)
 
     def run_key(self, args: tuple[Any, ...], kwargs: dict[str, Any], default: str | None) -> str:
-        """The run lock key of one call."""
-        return validate_key(render_key(self.run_template(default), self.func, args, kwargs))
+        """The run lock key of one call (its permit slots' keys included in the 500 characters)."""
+        assert self.run is not None
+        key = render_key(self.run_template(default), self.func, args, kwargs)
+        validate_key(key, suffix=permit_suffix(self.run.permits))  # (the slot keys' length)
+        return key
 
     def claim(self, default: str | None = None) -> None:
         """Claim this job's keys in the registry (refusing another job's), forgetting old ones."""

@@ -9,6 +9,9 @@ from typing import Any
 
 MAX_KEY_LENGTH = 500
 
+MAX_PERMITS = 1000
+"""The most permits one key may have (``permits=``): each is a lease of its own (SPEC 12)."""
+
 
 def validate_key(key: object, *, name: str = "key", suffix: str = "") -> str:
     """Return ``key`` if it is a valid lock key (with ``suffix`` appended, if any).
@@ -36,6 +39,21 @@ def validate_key(key: object, *, name: str = "key", suffix: str = "") -> str:
             f"`{name}` must not contain lone surrogates (it must encode as UTF-8), got {key!r}"
         ) from None
     return full
+
+
+def check_permits(permits: object, *, name: str = "permits") -> int:
+    """``permits``, checked: an ``int`` of 1 to :data:`MAX_PERMITS` (1: a plain lock)."""
+    if isinstance(permits, bool) or not isinstance(permits, int):
+        raise TypeError(f"`{name}` must be an int of 1 to {MAX_PERMITS}, got {permits!r}")
+    if not 1 <= permits <= MAX_PERMITS:
+        raise ValueError(f"`{name}` must be 1 to {MAX_PERMITS}, got {permits!r}")
+    return permits
+
+
+def permit_suffix(permits: int) -> str:
+    """What a key taken with ``permits`` has appended in its longest slot key (``#<permits>``):
+    a slot key counts towards the 500 characters (SPEC section 2)."""
+    return f"#{permits}" if permits > 1 else ""
 
 
 def template_fields(template: str) -> list[str]:

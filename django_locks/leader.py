@@ -23,9 +23,10 @@ from django.utils.module_loading import autodiscover_modules
 from django_locks import durations, registry
 from django_locks.context import running_under
 from django_locks.durations import Duration
-from django_locks.exceptions import AbortedError, LockLostError, LocksError, StoreError
+from django_locks.exceptions import AbortedError, LockLostError, StoreError
+from django_locks.holders import Holder, working_on
 from django_locks.keys import validate_key
-from django_locks.lock import Lock
+from django_locks.lock import Lock, hand_back
 from django_locks.notices import wait_for_release
 from django_locks.ownership import LostReason, Term
 from django_locks.policy import POLICY
@@ -152,13 +153,14 @@ class Campaign:
     def _campaign(self) -> None:
         while not self.stopping.is_set():
             try:
-                lock = self.locks._acquire(self.key, self.ttl_ms, 0.0, None)  # checked ms
+                with working_on(self.key):
+                    lock = self.locks._acquire(self.key, self.ttl_ms, 0.0, None, self.key, "leader")
             except StoreError as exc:
                 self._say("Campaign for %s failed: %s", self.key, exc, level=logging.WARNING)
                 self.stopping.wait(POLICY.campaign_every(self.ttl))
                 continue
-            if lock is None:
-                self._say_who_leads()
+            if not isinstance(lock, Lock):
+                self._say_who_leads(lock)
                 if self._follow():
                     self._leader_seen = None  # a release: say who leads next
                 continue
@@ -171,18 +173,12 @@ class Campaign:
                 self._failures = self._failures + 1 if short else 0
                 self.stopping.wait(POLICY.relaunch_delay(self._failures, self.ttl))
 
-    def _say_who_leads(self) -> None:
-        """A follower says whom it follows: once, and again after the leader changed."""
+    def _say_who_leads(self, leader: Holder | None) -> None:
+        """A follower says whom it follows (as the failed campaign's answer named it): once,
+        and again after the leader changed."""
         if self._leader_seen is not None:
             return
-        try:
-            leases = self.locks.store.leases()
-        except (NotImplementedError, LocksError):
-            leases = []
-        holder = next(
-            (lease.holder for lease in leases if lease.key == self.key and lease.state == "held"),
-            "",
-        )
+        holder = str(leader) if leader is not None else ""
         self._leader_seen = holder
         self._say(
             "Following %s: %s leads; campaigning every %gs and when it lets go",
@@ -302,7 +298,7 @@ class Campaign:
 
     def _release(self, lock: Lock) -> None:
         try:
-            lock.release()
+            hand_back(lock)
         except StoreError as exc:
             self._say(
                 "Releasing %s failed (%s); it lapses within its ttl",

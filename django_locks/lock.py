@@ -40,7 +40,15 @@ class Lock:
 
     @property
     def key(self) -> str:
+        """The key asked for (for a permit too: its slot's key is ``<key>#<permit>``)."""
         return self._keeper.key
+
+    @property
+    def permit(self) -> int | None:
+        """Which of the key's permits this is (1..permits), for a lock taken with
+        ``permits=`` above 1; ``None`` for a plain lock. Its fencing token orders the holders of
+        this permit only: write per-permit resources with it (see the permits topic)."""
+        return self._keeper.permit
 
     @property
     def owner(self) -> str:
@@ -143,7 +151,20 @@ class Lock:
         state: str = self._keeper.state
         if state == "held" and not self.held:
             state = "past its deadline"
-        return f"<Lock {self.key!r} token={self.fencing_token} {state}>"
+        permit = f" permit={self.permit}" if self.permit is not None else ""
+        return f"<Lock {self.key!r}{permit} token={self.fencing_token} {state}>"
+
+
+def hand_back(lock: Lock, grace: float = 0.0) -> bool:
+    """End ``lock`` as handed back (an owner lease or a leadership returned at shutdown): freed
+    at once, or with ``grace`` seconds (1 ms or more) left in the store unrenewed. Recorded as
+    ``"handed back"`` where the store keeps how leases end; answers as :meth:`Lock.release`."""
+    keeper = lock._keeper
+    if grace:
+        return keeper.leave(lease_ms(grace, name="grace"), "handed back")
+    if keeper.state == "held":
+        warn_if_in_atomic(lock.key)
+    return keeper.release("handed back")
 
 
 def release_failed(lock: Lock, error: BaseException) -> None:

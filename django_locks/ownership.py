@@ -8,12 +8,14 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Literal
 
-from django_locks import signals
+from django_locks import events
 from django_locks.exceptions import LocksError
-from django_locks.lock import Lock
+from django_locks.holders import Holder
+from django_locks.lock import Lock, hand_back
 
 if TYPE_CHECKING:
     from django_locks.service import Locks
+    from django_locks.stores.base import LockStore
 
 logger = logging.getLogger("django_locks")
 
@@ -22,17 +24,43 @@ ELSEWHERE = "it runs on another instance"
 """The ``reason`` of ``run_skipped`` when another process owns the job."""
 IN_PROGRESS = "a run is still in progress"
 """The ``reason`` of ``run_skipped`` when the run lock is held."""
+AT_CAPACITY = "every permit is taken"
+"""The ``reason`` of ``run_skipped`` when every permit of a ``limit_concurrency`` key is held."""
+CODES = {ELSEWHERE: "elsewhere", IN_PROGRESS: "in_progress", AT_CAPACITY: "at_capacity"}
+"""The ``code`` of ``run_skipped`` (the metrics label) of each reason."""
 
 
 # Owner leases.
 
 
-def skipped(name: str, key: str, reason: str, *, level: int = logging.INFO) -> None:
-    """Log a skipped run and send ``run_skipped`` (sender: the ``Locks`` class)."""
-    from django_locks.service import Locks
-
-    logger.log(level, "Skipped %s: %s", name, reason)
-    signals.send(signals.run_skipped, Locks, key=key, reason=reason)
+def skipped(
+    name: str,
+    key: str,
+    reason: str,
+    *,
+    holder: Holder | None = None,
+    level: int = logging.INFO,
+    label: str | None = None,
+    store: LockStore | None = None,
+) -> None:
+    """Tell the event stream of a skipped run: its log line names the holder where the store
+    said who it is, and ``run_skipped`` is sent (sender: the ``Locks`` class). ``label``: the
+    job's key template (default: the key's own label); ``store``: the default service's."""
+    if store is None:
+        store = _default_service().store
+    event = events.Event(
+        "run_skipped",
+        key,
+        label if label is not None else events.label_of(key),
+        events.store_name(store),
+        "run",
+        CODES.get(reason, "elsewhere"),
+        holder=holder,
+        name=name,
+        reason=reason,
+        level=level,
+    )
+    events.emit(event)
 
 
 def log_owner(name: str, lock: Lock) -> None:
@@ -71,18 +99,22 @@ class OwnerLeases:
         lock = self.by_key.get(key)
         return lock if lock is not None and lock.held else None
 
-    def take(self, name: str, key: str, ttl_ms: int | None = None) -> Lock | None:
+    def take(
+        self, name: str, key: str, ttl_ms: int | None = None, label: str | None = None
+    ) -> Lock | Holder | None:
         """The lease on ``key`` for the job ``name``: held already, or taken with one acquire
-        (kept, logged), else None (another process holds it). ``ttl_ms``: the service's when
-        None. Raises ``StoreError`` when the store fails."""
+        (kept, logged), else who holds it (``None`` when the store cannot say). ``ttl_ms``: the
+        service's when None; ``label``: the job's key template. Raises ``StoreError`` when the
+        store fails."""
         lock = self.held(key)
         if lock is not None:
             return lock
         locks = self.service()
-        lock = locks._acquire(key, locks.ttl_ms if ttl_ms is None else ttl_ms, 0.0, None)
-        if lock is not None:
-            self.keep(name, lock)
-        return lock
+        ttl_ms = locks.ttl_ms if ttl_ms is None else ttl_ms
+        found = locks._acquire(key, ttl_ms, 0.0, None, label=label, use="owner")
+        if isinstance(found, Lock):
+            self.keep(name, found)
+        return found
 
     def keep(self, name: str, lock: Lock) -> None:
         """Keep ``lock`` (taken by the caller) as the job ``name``'s lease; logged."""
@@ -107,7 +139,7 @@ class OwnerLeases:
                 seconds = grace(lock) if grace is not None else 0.0
                 # Under a millisecond (the shortest lease) is at once.
                 seconds = seconds if seconds >= 0.001 else 0.0
-                done = lock.leave_for(seconds) if seconds else lock.release()
+                done = hand_back(lock, seconds)
                 if done and self.handed_back is not None:
                     self.handed_back(lock, seconds)
             except (LocksError, RuntimeError) as exc:
@@ -162,26 +194,21 @@ def release_owner_leases() -> None:
 
 
 def announce_leadership(key: str, lock: Lock, ended: LostReason | None = None) -> None:
-    """Send ``leadership_acquired`` (``ended`` None) or ``leadership_lost`` with ``reason=ended``:
-    the one place either is sent, always with the ``Locks`` class as sender (SPEC section 2)."""
-    from django_locks.service import Locks
-
-    if ended is None:
-        signals.send(
-            signals.leadership_acquired,
-            Locks,
-            key=key,
-            fencing_token=lock.fencing_token,
-            lock=lock,
-        )
-    else:
-        signals.send(
-            signals.leadership_lost,
-            Locks,
-            key=key,
-            fencing_token=lock.fencing_token,
-            reason=ended,
-        )
+    """Tell the event stream a leadership began (``ended`` None) or ended (``reason=ended``):
+    the one place either is told, so ``leadership_acquired`` and ``leadership_lost`` are sent
+    from here only, always with the ``Locks`` class as sender (SPEC section 2)."""
+    keeper = lock._keeper
+    event = events.Event(
+        "leadership_acquired" if ended is None else "leadership_lost",
+        key,
+        key,  # an election's key is written in the code: bounded, and what operators look for
+        events.store_name(keeper.store),
+        "leader",
+        "acquired" if ended is None else ended,
+        fencing_token=lock.fencing_token,
+        lock=lock,
+    )
+    events.emit(event)
 
 
 class Term:

@@ -51,6 +51,12 @@ class RenewalPolicy:
     acquire_first: float = 0.025
     acquire_cap: float = 1.0
     """A waiting acquire's pauses: 25 ms, doubled each try up to 1 s (jittered)."""
+    head_start_min: float = 0.01
+    head_start_max: float = 0.04
+    """A wait for a release notice on Redis that ran out waits 10 to 40 ms more (drawn at
+    random) before it returns: Redis ends a timed-out BLPOP on its timer tick (every 100 ms at
+    its default hz), so waits run out together, often at the instant of a release, and the
+    waiter the release's notice woke would race them for what it was told of."""
     campaign_divisor: int = 3
     """A follower campaigns every ttl / 3; a campaign failing on a store error waits as long."""
     relaunch_first_max: float = 1.0
@@ -95,6 +101,10 @@ class RenewalPolicy:
         in a row (0: the last was not short)."""
         first = min(self.relaunch_first_max, ttl / self.campaign_divisor)
         return self.backoff(max(failures - 1, 0), cap=ttl, first=first)
+
+    def head_start(self) -> float:
+        """Seconds a Redis wait for a release notice that ran out waits more (above)."""
+        return random.uniform(self.head_start_min, self.head_start_max)
 
     def backoff(self, attempt: int, cap: float | None = None, first: float | None = None) -> float:
         """The one capped exponential backoff: ``first * 2 ** attempt`` seconds at most ``cap``,

@@ -68,10 +68,24 @@ AFTER_FORK: tuple[Step, ...] = (
         "them; the child takes its own on its first call), their mutex made afresh.",
     ),
     Step(
-        "django_locks.service",
+        "django_locks.owners",
         "renew_owners_after_fork",
         "The prefix of owner ids: drawn afresh, so that the child never reuses the parent's ids "
         "(it could re-acquire the parent's leases idempotently).",
+    ),
+    Step(
+        "django_locks.contrib.opentelemetry",
+        "forget_counts_in_child",
+        "The OpenTelemetry exporter's counts (held locks, owner leases, leaderships, the counters "
+        "and the waits not recorded yet): forgotten, its mutex made afresh; the child counts "
+        "what it does.",
+    ),
+    Step(
+        "django_locks.contrib.prometheus",
+        "forget_counts_in_child",
+        "The Prometheus exporter's numbers in one process's mode (held locks, owner leases, "
+        "leaderships, counters, histograms): forgotten, its mutex made afresh. In multiprocess "
+        "mode prometheus-client keeps each process's values in files of its pid: nothing to do.",
     ),
     Step(
         "django_locks.process",

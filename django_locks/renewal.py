@@ -17,17 +17,18 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal
 
-from django_locks import signals
+from django_locks import events
 from django_locks.abort import AbortController, AbortSignal
 from django_locks.clock import Clock, TimerHandle
+from django_locks.events import Use
 from django_locks.exceptions import AbortedError, DetectedBy, LockLostError, LockReleasedError
 from django_locks.policy import DRIFT as DRIFT  # where the API reference has long shown them
 from django_locks.policy import MARGIN as MARGIN
 from django_locks.policy import MIN_CALL_TIMEOUT as MIN_CALL_TIMEOUT
 from django_locks.policy import POLICY
-from django_locks.renewal_batch import RenewalBatch, batch_for
+from django_locks.renewal_batch import RenewalBatch, batch_for, tell_renewed
 from django_locks.renewal_batch import held as _held
-from django_locks.stores.base import LockStore, holder_name
+from django_locks.stores.base import LeaveReason, LockStore, ReleaseReason, slot_of
 
 logger = logging.getLogger("django_locks")
 
@@ -50,16 +51,22 @@ class Keeper:
         "_reason",
         "_renew_at",
         "_timer",
+        "acquired_at",
         "clock",
         "deadline",
         "fencing_token",
         "key",
+        "label",
+        "lease_key",
         "owner",
+        "permit",
         "sender",
         "state",
         "store",
+        "told",
         "ttl",
         "ttl_ms",
+        "use",
     )
 
     def __init__(
@@ -73,11 +80,23 @@ class Keeper:
         fencing_token: int,
         ttl_ms: int,
         sent: float,
+        label: str = "",
+        use: Use = "acquire",
+        permit: int | None = None,
     ) -> None:
         self.store = store
+        self.label = label  # the event stream's (django_locks.events)
+        self.use: Use = use
+        # Whether the stream was told it was acquired: a lock its cancelled acquirer never saw
+        # is released untold, so that every release or loss told follows its acquire.
+        self.told = False
+        self.acquired_at = clock.monotonic()
         self.clock = clock
         self.sender = sender
         self.key = key
+        # A permit's lease is its slot (`<key>#<n>`): the key every store call names.
+        self.permit = permit
+        self.lease_key: str = key if permit is None else slot_of(key, permit)
         self.owner = owner
         self.fencing_token = fencing_token
         self.ttl = ttl_ms / 1000
@@ -198,7 +217,7 @@ class Keeper:
         renewed = False
         try:
             renewed = self.store.renew(
-                self.key,
+                self.lease_key,
                 self.owner,
                 self.ttl_ms,
                 timeout=POLICY.renew_timeout(self.deadline, sent),
@@ -206,6 +225,7 @@ class Keeper:
         except Exception as exc:  # any failure is retried until the deadline, never a refusal
             error = exc
         self.answered(sent, renewed, error)
+        tell_renewed(self.store, self.clock.monotonic() - sent, 1, renewed, error)
 
     def answered(self, sent: float, renewed: bool, error: Exception | None) -> None:
         """The store answered the renewal sent at ``sent`` (or failed with ``error``): this
@@ -257,22 +277,28 @@ class Keeper:
         return announce
 
     def _announce_loss(self, error: LockLostError, callbacks: list[Any]) -> None:
-        logger.warning(
-            # The holder, never the owner id: that is the holder's secret (SPEC section 2).
-            "Lock lost: key=%r fencing_token=%s detected_by=%s holder=%s",
-            error.key,
-            error.fencing_token,
-            error.detected_by,
-            holder_name(),
-        )
-        signals.send(
-            signals.lock_lost,
-            self.sender,
-            key=error.key,
-            fencing_token=error.fencing_token,
-            detected_by=error.detected_by,
-        )
+        # The stream's first consumer logs the loss and sends lock_lost (django_locks.signals).
+        self._tell("lost", error.detected_by)
         self._run_callbacks(callbacks)
+
+    def _tell(self, kind: events.EventKind, outcome: str) -> None:
+        """Tell the event stream this lock was released or lost (``outcome``: how). A release
+        is told once its acquire was; a loss always is (its signal and log line are the
+        stream's: a lost lock is always announced)."""
+        if not self.told and kind == "released":
+            return
+        event = events.Event(
+            kind,
+            self.key,
+            self.label,
+            events.store_name(self.store),
+            self.use,
+            outcome,
+            self.clock.monotonic() - self.acquired_at,
+            self.fencing_token,
+            permit=self.permit,
+        )
+        events.emit(event)
 
     def _run_callbacks(self, callbacks: list[Any]) -> None:
         for callback in callbacks:
@@ -283,7 +309,7 @@ class Keeper:
 
     def _release_quietly(self) -> None:
         try:
-            self.store.release(self.key, self.owner, timeout=self.call_timeout())
+            self.store.release(self.lease_key, self.owner, timeout=self.call_timeout())
         except Exception as exc:
             logger.debug("Releasing lost lock %r failed: %s (it lapses at its ttl)", self.key, exc)
 
@@ -292,33 +318,37 @@ class Keeper:
         deadline), never less than the policy's ``min_call_timeout``."""
         return POLICY.call_timeout(self.deadline, self.clock.monotonic())
 
-    def release(self) -> bool:
+    def release(self, how: ReleaseReason = "released") -> bool:
         """Stop renewing and free the lease. ``True`` if the store confirmed it was still ours.
-        The store call is bounded by :meth:`call_timeout`; ``StoreError`` when it fails."""
-        return self.stop() and self.free()
+        The store call is bounded by :meth:`call_timeout`; ``StoreError`` when it fails.
+        ``how`` is recorded as the way the lease ended, where the store keeps that."""
+        return self.stop(how) and self.free(how)
 
-    def free(self) -> bool:
+    def free(self, how: ReleaseReason = "released") -> bool:
         """The store call of a release, once :meth:`stop` said the lock was held (no mutex
         taken: the async release runs it in a thread after stopping on the event loop)."""
-        return self.store.release(self.key, self.owner, timeout=self.call_timeout())
+        return self.store.end(self.lease_key, self.owner, how, timeout=self.call_timeout())
 
-    def leave(self, ttl_ms: int) -> bool:
-        """Stop renewing and leave the lease to lapse ``ttl_ms`` from now (one renewal).
-        ``True`` if the store confirmed it was still ours."""
-        if not self.stop():
+    def leave(self, ttl_ms: int, how: LeaveReason = "lapsed") -> bool:
+        """Stop renewing and leave the lease to lapse ``ttl_ms`` from now (one renewal), to end
+        then as ``how``. ``True`` if the store confirmed it was still ours."""
+        if not self.stop(how):
             return False
         # A renewal already sent would, answered after this one, move the expiry back to the
         # lock's ttl (a command's min_hold cut short, a beat's hand-back stretched): let it be
         # answered first. It ends by the holder deadline, whatever the store does.
         while self._in_flight and self.clock.monotonic() < self.deadline:
             time.sleep(POLICY.leave_poll)
-        return self.store.renew(self.key, self.owner, ttl_ms, timeout=self.call_timeout())
+        return self.store.leave(
+            self.lease_key, self.owner, ttl_ms, how, timeout=self.call_timeout()
+        )
 
-    def stop(self) -> bool:
-        """Stop renewing before a release or a leave; whether the lock was still held. Past the
-        holder deadline it is lost, even before its timer fired (a process just woken from a
-        pause races its timer thread): whichever thread gets there first announces the loss.
-        No I/O: the event loop calls it directly."""
+    def stop(self, how: ReleaseReason | LeaveReason = "released") -> bool:
+        """Stop renewing before a release or a leave (``how``: the end the event stream is
+        told); whether the lock was still held. Past the holder deadline it is lost, even
+        before its timer fired (a process just woken from a pause races its timer thread):
+        whichever thread gets there first announces the loss. No I/O: the event loop calls it
+        directly."""
         with self._mutex:
             if self.state != "held":
                 return False
@@ -330,6 +360,7 @@ class Keeper:
         if lost:
             announce()
             return False
+        self._tell("released", how)
         if callbacks:
             self.clock.notify(lambda: self._run_callbacks(callbacks))
         return True
@@ -343,6 +374,7 @@ class Keeper:
                 "abandoned",
                 AbortedError(f"lock {self.key!r} was garbage-collected without release()"),
             )
+        self._tell("released", "abandoned")
         logger.warning(
             "Lock %r (fencing token %s) was garbage-collected without release(); it is no longer "
             "renewed and lapses within its ttl of %gs. Use `with locks.lock(...)` or call "

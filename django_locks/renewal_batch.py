@@ -6,12 +6,32 @@ import threading
 import weakref
 from typing import TYPE_CHECKING
 
+from django_locks import events
 from django_locks.clock import Clock
 from django_locks.policy import POLICY
 from django_locks.stores.base import LockStore
 
 if TYPE_CHECKING:
     from django_locks.renewal import Keeper
+
+
+def tell_renewed(
+    store: LockStore, duration: float, count: int, renewed: bool, error: Exception | None
+) -> None:
+    """Tell the event stream of one renewal round trip of ``count`` locks (on the renewal
+    thread: its consumers must be quick)."""
+    outcome = "error" if error is not None else "renewed" if renewed else "refused"
+    event = events.Event(
+        "renewed",
+        "",
+        "",
+        events.store_name(store),
+        outcome=outcome,
+        duration=duration,
+        count=count,
+    )
+    events.emit(event)
+
 
 held: set[Keeper] = set()
 """Every lock this process holds: a keeper joins when acquired and leaves when it stops being
@@ -67,15 +87,18 @@ class RenewalBatch:
     def _renew(self, batch: list[Keeper], sent: float) -> None:
         # The earliest deadline of the round bounds the call.
         timeout = POLICY.renew_timeout(min(keeper.deadline for keeper in batch), sent)
-        leases = [(keeper.key, keeper.owner, keeper.ttl_ms) for keeper in batch]
+        leases = [(keeper.lease_key, keeper.owner, keeper.ttl_ms) for keeper in batch]
         try:
             results = self.store.renew_many(leases, timeout=timeout)
         except Exception as exc:  # retried by each lock until its deadline, never a refusal
             for keeper in batch:
                 keeper.answered(sent, False, exc)
+            tell_renewed(self.store, self.clock.monotonic() - sent, len(batch), False, exc)
             return
+        took = self.clock.monotonic() - sent
         for keeper, renewed in zip(batch, results, strict=True):
             keeper.answered(sent, renewed, None)
+        tell_renewed(self.store, took, len(batch), all(results), None)
 
 
 _batches: weakref.WeakKeyDictionary[LockStore, dict[int, RenewalBatch]] = (

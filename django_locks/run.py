@@ -15,10 +15,19 @@ from collections.abc import Awaitable, Callable, Generator
 from typing import Any
 
 from django_locks.context import running_under
-from django_locks.exceptions import LocksError, StoreError
+from django_locks.events import Use
+from django_locks.exceptions import StoreError
+from django_locks.holders import Holder
 from django_locks.job import JobSpec
 from django_locks.lock import Lock
-from django_locks.ownership import ELSEWHERE, IN_PROGRESS, log_owner, skipped, sticky
+from django_locks.ownership import (
+    AT_CAPACITY,
+    ELSEWHERE,
+    IN_PROGRESS,
+    log_owner,
+    skipped,
+    sticky,
+)
 
 logger = logging.getLogger("django_locks")
 
@@ -76,10 +85,14 @@ def _link(owner: Lock | None, run: Lock) -> Callable[[], None]:
 
 @dataclasses.dataclass(frozen=True)
 class Acquire:
-    """Try ``key`` once for ``ttl_ms`` (checked values); answered with the Lock or None."""
+    """Try ``key`` once for ``ttl_ms`` (checked values); answered with the Lock or None.
+    ``label`` (the job's key template) and ``use`` are the event stream's."""
 
     key: str
     ttl_ms: int
+    label: str
+    use: Use
+    permits: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,25 +125,32 @@ def _ttl_ms(locks: Any, ttl_ms: int | None) -> int:
     return locks.ttl_ms if ttl_ms is None else ttl_ms
 
 
+def _busy(spec: JobSpec) -> str:
+    """Why a run that found its run lock taken is skipped."""
+    return AT_CAPACITY if spec.run is not None and spec.run.permits > 1 else IN_PROGRESS
+
+
 def _run_lock_steps(
     spec: JobSpec,
     locks: Any,
     owner: Lock | None,
     run_key: str | None,
-    busy: Callable[[str], None],
+    busy: Callable[[str, Holder | None], None],
+    label: str = "",
 ) -> Generator[Step, Any, tuple[bool, Any]]:
     """The call under the run lock ``run_key`` (linked to ``owner``), or under ``owner`` when
     the job has no run lock: ``(True, result)``; ``(False, None)`` when the run lock is held
-    elsewhere (``busy(run_key)`` was told)."""
+    elsewhere (``busy(run_key, holder)`` was told)."""
     if run_key is None:
         if owner is None:
             return True, (yield CALL)
         with running_under(owner):
             return True, (yield CALL)
     assert spec.run is not None
-    lock = yield Acquire(run_key, _ttl_ms(locks, spec.run.ttl_ms))
-    if lock is None:
-        busy(run_key)
+    ttl_ms = _ttl_ms(locks, spec.run.ttl_ms)
+    lock = yield Acquire(run_key, ttl_ms, label, "run", spec.run.permits)
+    if not isinstance(lock, Lock):
+        busy(run_key, lock)
         return False, None
     unlink = _link(owner, lock)
     try:
@@ -151,17 +171,20 @@ def _function_steps(
         key = spec.owner_key(args, kwargs, None)
         owner = sticky.held(key)
         if owner is None:
-            owner = yield Acquire(key, _ttl_ms(locks, spec.once.ttl_ms))
-            if owner is None:
-                skipped(spec.name, key, ELSEWHERE, level=logging.DEBUG)
+            label = spec.owner_template()
+            found = yield Acquire(key, _ttl_ms(locks, spec.once.ttl_ms), label, "owner")
+            if not isinstance(found, Lock):
+                skipped(spec.name, key, ELSEWHERE, holder=found, level=logging.DEBUG, label=label)
                 return None
+            owner = found
             sticky.keep(spec.name, owner)
     run_key = spec.run_key(args, kwargs, task) if spec.run is not None else None
+    run_label = spec.run_template(task) if spec.run is not None else ""
 
-    def busy(key: str) -> None:
-        skipped(task or spec.name, key, IN_PROGRESS)
+    def busy(key: str, holder: Holder | None) -> None:
+        skipped(task or spec.name, key, _busy(spec), holder=holder, label=run_label)
 
-    _, result = yield from _run_lock_steps(spec, locks, owner, run_key, busy)
+    _, result = yield from _run_lock_steps(spec, locks, owner, run_key, busy, run_label)
     return result
 
 
@@ -177,18 +200,22 @@ def _command_steps(
     owner: Lock | None = None
     if spec.once is not None:
         key = spec.owner_key(args, kwargs, None)
-        owner = yield Acquire(key, _ttl_ms(locks, spec.once.ttl_ms))
-        if owner is None:
-            _command_skipped(spec, command, key, ELSEWHERE, "its hold ends")
+        label = spec.owner_template()
+        found = yield Acquire(key, _ttl_ms(locks, spec.once.ttl_ms), label, "owner")
+        if not isinstance(found, Lock):
+            _command_skipped(spec, command, key, ELSEWHERE, found, "its hold ends", label)
             return None
+        owner = found
         log_owner(spec.name, owner)
 
-    def busy(key: str) -> None:
-        _command_skipped(spec, command, key, IN_PROGRESS, "its lease expires")
+    run_label = spec.run_template() if spec.run is not None else ""
+
+    def busy(key: str, holder: Holder | None) -> None:
+        _command_skipped(spec, command, key, _busy(spec), holder, "its lease expires", run_label)
 
     try:
         run_key = spec.run_key(args, kwargs, None) if spec.run is not None else None
-        ran, result = yield from _run_lock_steps(spec, locks, owner, run_key, busy)
+        ran, result = yield from _run_lock_steps(spec, locks, owner, run_key, busy, run_label)
     except BaseException:
         # A run that raises releases at once: the next tick, anywhere, may try again.
         if owner is not None:
@@ -241,7 +268,9 @@ def _drive(locks: Any, steps: Steps, call: Callable[[], Any]) -> Any:
             if isinstance(step, Call):
                 answer = call()
             elif isinstance(step, Acquire):
-                answer = locks._acquire(step.key, step.ttl_ms, 0.0, None)
+                answer = locks._acquire(
+                    step.key, step.ttl_ms, 0.0, None, step.label, step.use, permits=step.permits
+                )
             elif isinstance(step, Release):
                 step.lock.__exit__(None, None, None)  # the lock's own block end
             else:
@@ -269,7 +298,9 @@ async def _adrive(locks: Any, steps: Steps, call: Callable[[], Awaitable[Any]]) 
             if isinstance(step, Call):
                 answer = await call()
             elif isinstance(step, Acquire):
-                answer = await locks._aacquire(step.key, step.ttl_ms, 0.0, None)
+                answer = await locks._aacquire(
+                    step.key, step.ttl_ms, 0.0, None, step.label, step.use, permits=step.permits
+                )
             elif isinstance(step, Release):
                 await step.lock.__aexit__(None, None, None)
             else:
@@ -325,30 +356,38 @@ def _hold_and_leave(lock: Lock, remaining_ms: int) -> None:
         logger.warning("Keeping %r for min_hold failed (%s); it lapses at its ttl", lock.key, exc)
 
 
-def _command_skipped(spec: JobSpec, command: Any, key: str, reason: str, ends: str) -> None:
-    """One line on the command's stderr naming the holder and when its hold ends; exit 0."""
-    line = f"Skipped {spec.name}: {reason} ({holder_text(key, ends)})."
+def _command_skipped(
+    spec: JobSpec,
+    command: Any,
+    key: str,
+    reason: str,
+    holder: Holder | None,
+    ends: str,
+    label: str,
+) -> None:
+    """One line on the command's stderr naming the holder and when its hold ends (as the
+    failed acquire's answer said, no further store call); exit 0."""
+    line = f"Skipped {spec.name}: {reason} ({holder_text(holder, ends)})."
     stderr = getattr(command, "stderr", None)
     if stderr is not None:
         stderr.write(line)
     else:
         print(line, file=sys.stderr)
-    skipped(spec.name, key, reason, level=logging.DEBUG)
+    skipped(spec.name, key, reason, holder=holder, level=logging.DEBUG, label=label)
 
 
-def holder_text(key: str, ends: str = "its hold ends") -> str:
-    """ "held by host:pid, its hold ends in 27s (12:03:05 UTC)", from the store's ``lease(key)``."""
+def holder_text(holder: Holder | None, ends: str = "its hold ends") -> str:
+    """ "held by web-2 pid 4121 (command report) since 12:02:35 UTC, its hold ends in 27s
+    (2026-12-01 12:03:05 UTC)", from the holder a failed acquire named."""
     import datetime
 
-    try:
-        lease = _locks().store.lease(key)
-    except (NotImplementedError, LocksError):
+    if holder is None:
         return "held by another instance"
-    if lease is None or lease.state != "held":
-        return "held by another instance, which just let it go"
-    text = f"held by {lease.holder}"
-    if lease.expires_in is not None:
-        seconds = max(lease.expires_in.total_seconds(), 0.0)
-        at = datetime.datetime.now(datetime.UTC) + lease.expires_in
+    text = f"held by {holder}"
+    if holder.since is not None:
+        text += f" since {holder.since.astimezone(datetime.UTC):%H:%M:%S} UTC"
+    if holder.expires_at is not None:
+        at = holder.expires_at.astimezone(datetime.UTC)
+        seconds = max((at - datetime.datetime.now(datetime.UTC)).total_seconds(), 0.0)
         text += f", {ends} in {seconds:.0f}s ({at:%Y-%m-%d %H:%M:%S} UTC)"
     return text

@@ -2,32 +2,29 @@
 
 from __future__ import annotations
 
-import itertools
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable
-from types import TracebackType
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from django.utils.functional import LazyObject, empty
 
-from django_locks import durations
+from django_locks import durations, events
 from django_locks.abort import AbortSignal
 from django_locks.aio import ReleaseNotices, attempt
+from django_locks.block import LockBlock as LockBlock  # where the API reference shows it
 from django_locks.clock import Clock, system_clock
-from django_locks.context import _current
 from django_locks.durations import Duration
-from django_locks.exceptions import LockNotAcquiredError, StoreTimeoutError
-from django_locks.keys import validate_key
+from django_locks.events import Use, check_label, label_of, store_name
+from django_locks.exceptions import StoreError, StoreTimeoutError
+from django_locks.holders import Holder, this_process
+from django_locks.keys import check_permits, permit_suffix, validate_key
 from django_locks.lock import Lock
 from django_locks.notices import NOTICE_SLICE, wait_for_release
+from django_locks.owners import new_owner
 from django_locks.policy import POLICY
 from django_locks.renewal import Keeper
-from django_locks.stores.base import LockStore
-
-if TYPE_CHECKING:
-    import contextvars
+from django_locks.stores.base import LockStore, PermitGrant, require_permits
 
 logger = logging.getLogger("django_locks")
 
@@ -51,11 +48,11 @@ class Locks:
         if clock is not None and not isinstance(clock, Clock):
             raise TypeError(f"`clock` must be a django_locks Clock, got {clock!r}")
         self.store = store
-        self.ttl_ms = _lock_ttl(ttl)
+        self.ttl_ms = durations.ttl_ms(ttl)
         self.clock = clock if clock is not None else system_clock
         # Whether to wait for the store's release notices (until it says it has none).
         self._notified = True
-        self._notices: ReleaseNotices[Lock] = ReleaseNotices(store, NOTICE_SLICE)
+        self._notices: ReleaseNotices[Lock | Holder] = ReleaseNotices(store, NOTICE_SLICE)
 
     def __repr__(self) -> str:
         return f"<Locks store={self.store!r} ttl={self.ttl_ms}ms>"
@@ -69,33 +66,59 @@ class Locks:
         ttl: Duration | None = None,
         wait: Duration = 0,
         signal: AbortSignal | None = None,
+        permits: int = 1,
+        label: str | None = None,
     ) -> Lock | None:
         """Take ``key``; return the ``Lock``, or ``None`` when it stayed taken.
 
         ``ttl``: the lease's ttl (default: the service's). ``wait``: how long to keep trying
         (0: try once), retrying with capped exponential backoff and jitter. ``signal``: an
-        ``AbortSignal`` that stops the waiting (``None`` is returned). Raises ``ValueError`` /
-        ``TypeError`` on bad arguments before any I/O, ``StoreError`` when the store fails.
+        ``AbortSignal`` that stops the waiting (``None`` is returned). ``label``: the metrics
+        label (default: the key up to its first ``:`` or ``{``). ``permits``: up to this many
+        holders of ``key`` at once (1 to 1000; above 1 the lock is one of its permits,
+        :attr:`Lock.permit`; every caller of a key gives the same value, else
+        ``PermitsMismatchError``). Raises ``ValueError`` / ``TypeError`` on bad arguments
+        before any I/O, ``StoreError`` when the store fails.
         """
-        ttl_ms, wait_s = self._check(key, ttl, wait, signal)
-        return self._acquire(key, ttl_ms, wait_s, signal)
+        ttl_ms, wait_s, permits = self._check(key, ttl, wait, signal, permits)
+        return _lock_only(
+            self._acquire(key, ttl_ms, wait_s, signal, check_label(label), permits=permits)
+        )
 
     def _acquire(
-        self, key: str, ttl_ms: int, wait_s: float, signal: AbortSignal | None
-    ) -> Lock | None:
-        """:meth:`acquire` with its arguments checked already."""
-        give_up = self.clock.monotonic() + wait_s
+        self,
+        key: str,
+        ttl_ms: int,
+        wait_s: float,
+        signal: AbortSignal | None,
+        label: str | None = None,
+        use: Use = "acquire",
+        *,
+        permits: int = 1,
+    ) -> Lock | Holder | None:
+        """:meth:`acquire` with its arguments checked already: the ``Lock``, else the holder
+        the last try found (``None`` when the store cannot say, or no try was made). The
+        event stream is told how it went (``label``: checked, or None for the key's own)."""
+        began = self.clock.monotonic()
+        give_up = began + wait_s
         attempt = 0
-        while signal is None or not signal.aborted:
-            lock = self._try(key, ttl_ms)
-            if lock is not None:
-                return lock
-            remaining = give_up - self.clock.monotonic()
-            if remaining <= 0:
-                break
-            self._pause(key, min(POLICY.backoff(attempt), remaining), signal)
-            attempt += 1
-        return None
+        found: Lock | Holder | None = None
+        label = label_of(key) if label is None else label
+        try:
+            while signal is None or not signal.aborted:
+                found = self._try(key, ttl_ms, label, use, permits)
+                if isinstance(found, Lock):
+                    return self._acquired(found, began)
+                remaining = give_up - self.clock.monotonic()
+                if remaining <= 0:
+                    break
+                self._pause(key, min(POLICY.backoff(attempt), remaining), signal)
+                attempt += 1
+        except StoreError:
+            self._not_acquired(key, label, use, "error", began)
+            raise
+        self._not_acquired(key, label, use, _gave_up(signal), began)
+        return found
 
     def lock(
         self,
@@ -104,14 +127,17 @@ class Locks:
         ttl: Duration | None = None,
         wait: Duration = 0,
         signal: AbortSignal | None = None,
+        permits: int = 1,
+        label: str | None = None,
     ) -> LockBlock:
         """A context manager holding ``key`` for its block, yielding the ``Lock``.
 
         Raises ``LockNotAcquiredError`` when the key stayed taken; releases on exit, also when the
         block raises. Inside, ``current_lock()`` is this lock. ``async with locks.alock(...)`` for
-        coroutines.
+        coroutines. ``label``: the metrics label, as for :meth:`acquire`.
         """
-        return LockBlock(self, key, *self._check(key, ttl, wait, signal), signal)
+        ttl_ms, wait_s, permits = self._check(key, ttl, wait, signal, permits)
+        return LockBlock(self, key, ttl_ms, wait_s, signal, check_label(label), permits)
 
     def with_lock(
         self,
@@ -121,11 +147,13 @@ class Locks:
         ttl: Duration | None = None,
         wait: Duration = 0,
         signal: AbortSignal | None = None,
+        permits: int = 1,
+        label: str | None = None,
     ) -> T:
         """Run ``fn()`` holding ``key``; return its result (``LockNotAcquiredError`` if taken)."""
         if not callable(fn):
             raise TypeError(f"`fn` must be callable, got {fn!r}")
-        with self.lock(key, ttl=ttl, wait=wait, signal=signal):
+        with self.lock(key, ttl=ttl, wait=wait, signal=signal, permits=permits, label=label):
             return fn()
 
     # Asynchronous twins: store calls run in threads, waiting uses the event loop.
@@ -137,33 +165,57 @@ class Locks:
         ttl: Duration | None = None,
         wait: Duration = 0,
         signal: AbortSignal | None = None,
+        permits: int = 1,
+        label: str | None = None,
     ) -> Lock | None:
         """:meth:`acquire` for coroutines: store calls run in threads, and a waiter is woken
         by the store's release notices as a thread is. Cancelled at any point, it releases
         what it got."""
-        ttl_ms, wait_s = self._check(key, ttl, wait, signal)
-        return await self._aacquire(key, ttl_ms, wait_s, signal)
+        ttl_ms, wait_s, permits = self._check(key, ttl, wait, signal, permits)
+        found = await self._aacquire(
+            key, ttl_ms, wait_s, signal, check_label(label), permits=permits
+        )
+        return _lock_only(found)
 
     async def _aacquire(
-        self, key: str, ttl_ms: int, wait_s: float, signal: AbortSignal | None
-    ) -> Lock | None:
-        """:meth:`aacquire` with its arguments checked already."""
-        give_up = self.clock.monotonic() + wait_s
+        self,
+        key: str,
+        ttl_ms: int,
+        wait_s: float,
+        signal: AbortSignal | None,
+        label: str | None = None,
+        use: Use = "acquire",
+        *,
+        permits: int = 1,
+    ) -> Lock | Holder | None:
+        """:meth:`aacquire` with its arguments checked already (answers as :meth:`_acquire`)."""
+        began = self.clock.monotonic()
+        give_up = began + wait_s
         attempt = 0
         tried = False  # the last pause made the next try already
-        while signal is None or not signal.aborted:
-            lock = None if tried else await self._atry(key, ttl_ms)
-            if lock is not None:
-                return lock
-            remaining = give_up - self.clock.monotonic()
-            if remaining <= 0:
-                break
-            pause = min(POLICY.backoff(attempt), remaining)
-            tried, lock = await self._apause(key, ttl_ms, pause, signal)
-            if lock is not None:
-                return lock
-            attempt += 1
-        return None
+        found: Lock | Holder | None = None
+        label = label_of(key) if label is None else label
+        try:
+            while signal is None or not signal.aborted:
+                if not tried:
+                    found = await self._atry(key, ttl_ms, label, use, permits)
+                if isinstance(found, Lock):
+                    return self._acquired(found, began)
+                remaining = give_up - self.clock.monotonic()
+                if remaining <= 0:
+                    break
+                pause = min(POLICY.backoff(attempt), remaining)
+                tried, answer = await self._apause(key, ttl_ms, label, use, permits, pause, signal)
+                if tried:
+                    found = answer
+                if isinstance(found, Lock):
+                    return self._acquired(found, began)
+                attempt += 1
+        except StoreError:
+            self._not_acquired(key, label, use, "error", began)
+            raise
+        self._not_acquired(key, label, use, _gave_up(signal), began)
+        return found
 
     def alock(
         self,
@@ -172,9 +224,12 @@ class Locks:
         ttl: Duration | None = None,
         wait: Duration = 0,
         signal: AbortSignal | None = None,
+        permits: int = 1,
+        label: str | None = None,
     ) -> LockBlock:
         """:meth:`lock` for ``async with``."""
-        return LockBlock(self, key, *self._check(key, ttl, wait, signal), signal)
+        ttl_ms, wait_s, permits = self._check(key, ttl, wait, signal, permits)
+        return LockBlock(self, key, ttl_ms, wait_s, signal, check_label(label), permits)
 
     async def awith_lock(
         self,
@@ -184,11 +239,13 @@ class Locks:
         ttl: Duration | None = None,
         wait: Duration = 0,
         signal: AbortSignal | None = None,
+        permits: int = 1,
+        label: str | None = None,
     ) -> T:
         """Await ``fn()`` holding ``key``; return its result (``LockNotAcquiredError``: taken)."""
         if not callable(fn):
             raise TypeError(f"`fn` must be callable, got {fn!r}")
-        async with self.alock(key, ttl=ttl, wait=wait, signal=signal):
+        async with self.alock(key, ttl=ttl, wait=wait, signal=signal, permits=permits, label=label):
             return await fn()
 
     # Internals.
@@ -204,49 +261,112 @@ class Locks:
         self.clock.sleep(seconds, signal)
 
     async def _apause(
-        self, key: str, ttl_ms: int, seconds: float, signal: AbortSignal | None
-    ) -> tuple[bool, Lock | None]:
+        self,
+        key: str,
+        ttl_ms: int,
+        label: str,
+        use: Use,
+        permits: int,
+        seconds: float,
+        signal: AbortSignal | None,
+    ) -> tuple[bool, Lock | Holder | None]:
         """:meth:`_pause` for coroutines, on the event loop. Woken by a release notice, it
-        comes back with the next try made (``(True, lock or None)``; made by the thread that
+        comes back with the next try made (``(True, its answer)``; made by the thread that
         got the notice, at once); else ``(False, None)`` once ``seconds`` passed."""
         notices = self._notices
         if self._notified and notices.supported and self.clock is system_clock:
             return await notices.wait(
-                key, seconds, signal, lambda: self._try(key, ttl_ms), self._discard
+                key,
+                seconds,
+                signal,
+                lambda: self._try(key, ttl_ms, label, use, permits),
+                self._discard,
             )
         await self.clock.asleep(seconds, signal)
         return False, None
 
-    def _discard(self, lock: Lock) -> None:
+    def _discard(self, found: Lock | Holder | None) -> None:
         """Release, off the event loop, a lock its cancelled acquirer will never see."""
-        self.clock.spawn(lock.release)
+        if isinstance(found, Lock):
+            self.clock.spawn(found.release)
 
     def _check(
-        self, key: object, ttl: Duration | None, wait: Duration, signal: object
-    ) -> tuple[int, float]:
-        validate_key(key)
-        ttl_ms = self.ttl_ms if ttl is None else _lock_ttl(ttl)
+        self,
+        key: object,
+        ttl: Duration | None,
+        wait: Duration,
+        signal: object,
+        permits: object = 1,
+    ) -> tuple[int, float, int]:
+        # The common `permits=1` skips the checks; a slot key counts towards the 500 characters.
+        count = 1 if type(permits) is int and permits == 1 else check_permits(permits)
+        validate_key(key, suffix=permit_suffix(count))
+        ttl_ms = self.ttl_ms if ttl is None else durations.ttl_ms(ttl)
         # The common `wait=0` skips parsing; `False` (== 0) is refused like `True`.
         wait_s = 0.0 if type(wait) is int and wait == 0 else durations.wait_ms(wait) / 1000
         if signal is not None and not isinstance(signal, AbortSignal):
             raise TypeError(f"`signal` must be an AbortSignal or None, got {signal!r}")
-        return ttl_ms, wait_s
+        return ttl_ms, wait_s, count
 
-    def _try(self, key: str, ttl_ms: int) -> Lock | None:
-        """One acquire round trip with a fresh owner id."""
-        owner = _new_owner()
+    def _acquired(self, lock: Lock, began: float) -> Lock:
+        """Tell the event stream of ``lock``, taken after waiting since ``began``."""
+        keeper = lock._keeper
+        keeper.told = True
+        event = events.Event(
+            "acquired",
+            keeper.key,
+            keeper.label,
+            store_name(self.store),
+            keeper.use,
+            "acquired",
+            keeper.acquired_at - began,
+            keeper.fencing_token,
+            lock=lock,
+        )
+        events.emit(event)
+        return lock
+
+    def _not_acquired(self, key: str, label: str, use: Use, outcome: str, began: float) -> None:
+        waited = self.clock.monotonic() - began
+        event = events.Event(
+            "not_acquired", key, label, store_name(self.store), use, outcome, waited
+        )
+        events.emit(event)
+
+    def _try(
+        self, key: str, ttl_ms: int, label: str, use: Use, permits: int = 1
+    ) -> Lock | Holder | None:
+        """One acquire round trip with a fresh owner id: the ``Lock``, else who holds the key
+        (as the store answered in the same round trip; ``None`` when it cannot say). With
+        ``permits`` above 1, one of the key's permits, else the holder whose lease ends
+        first."""
+        owner = new_owner()
+        holder = this_process()
         sent = self.clock.monotonic()
         # The call may take no longer than the lease it asks for would be valid.
         timeout = POLICY.acquire_timeout(ttl_ms)
+        store = self.store
+
+        def ask() -> int | PermitGrant | Holder | None:
+            if permits == 1:
+                return store.acquire_as(key, owner, ttl_ms, holder, timeout=timeout)
+            return store.acquire_permit(key, owner, ttl_ms, permits, holder, timeout=timeout)
+
+        if permits != 1:
+            require_permits(store, permits)  # before any I/O
+
         try:
-            token = self.store.acquire(key, owner, ttl_ms, timeout=timeout)
+            token = ask()
         except StoreTimeoutError:
             # The store may have granted it before the timeout: acquire is idempotent for the same
             # owner, so one retry recovers the lease (same token) instead of stranding it.
             sent = self.clock.monotonic()
-            token = self.store.acquire(key, owner, ttl_ms, timeout=timeout)
-        if token is None:
-            return None
+            token = ask()
+        permit = None
+        if isinstance(token, PermitGrant):
+            token, permit = token
+        elif not isinstance(token, int):
+            return token
         keeper = Keeper(
             store=self.store,
             clock=self.clock,
@@ -256,94 +376,28 @@ class Locks:
             fencing_token=token,
             ttl_ms=ttl_ms,
             sent=sent,
+            label=label,
+            use=use,
+            permit=permit,
         )
         return Lock(keeper)
 
-    async def _atry(self, key: str, ttl_ms: int) -> Lock | None:
+    async def _atry(
+        self, key: str, ttl_ms: int, label: str, use: Use, permits: int = 1
+    ) -> Lock | Holder | None:
         """:meth:`_try` in a thread. When the awaiting task is cancelled mid-call, the lock the
         call gets is released (whichever side sees it last: the thread's answer, or the
         cancelled task)."""
-        return await attempt(lambda: self._try(key, ttl_ms), self._discard)
+        return await attempt(lambda: self._try(key, ttl_ms, label, use, permits), self._discard)
 
 
-class LockBlock:
-    """What :meth:`Locks.lock` and :meth:`Locks.alock` return: holds the key for one block."""
-
-    def __init__(
-        self, locks: Locks, key: str, ttl_ms: int, wait_s: float, signal: AbortSignal | None
-    ) -> None:
-        # Checked by lock() / alock() already: entering validates nothing again.
-        self._locks = locks
-        self._args = (key, ttl_ms, wait_s, signal)
-        self._key = key
-        self._lock: Lock | None = None
-        self._context_token: contextvars.Token[Lock | None] | None = None
-
-    def _entered(self, lock: Lock | None) -> Lock:
-        if lock is None:
-            raise LockNotAcquiredError(self._key, self._args[2])
-        self._lock = lock
-        self._context_token = _current.set(lock)
-        return lock
-
-    def _leaving(self) -> Lock:
-        assert self._lock is not None and self._context_token is not None
-        _current.reset(self._context_token)
-        return self._lock
-
-    def __enter__(self) -> Lock:
-        return self._entered(self._locks._acquire(*self._args))
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        # The lock's own block ends the same way: released, a failure logged, not raised.
-        self._leaving().__exit__(exc_type, exc, tb)
-
-    async def __aenter__(self) -> Lock:
-        return self._entered(await self._locks._aacquire(*self._args))
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        # Runs to its end whatever the cancellation (see Lock.arelease).
-        await self._leaving().__aexit__(exc_type, exc, tb)
+def _gave_up(signal: AbortSignal | None) -> str:
+    """Why an acquire ended without the lock: its signal aborted, or the key stayed taken."""
+    return "aborted" if signal is not None and signal.aborted else "taken"
 
 
-class _Owners:
-    """Owner ids: unique across processes (a random prefix) and in one (a counter), without a
-    system call per lock. A forked child draws a prefix of its own: it must never reuse the
-    parent's ids, or it could "re-acquire" the parent's leases idempotently."""
-
-    def __init__(self) -> None:
-        self.prefix = os.urandom(8).hex()
-        self.counter = itertools.count()
-
-    def new(self) -> str:
-        return f"{self.prefix}{next(self.counter):016x}"
-
-
-_owners = _Owners()
-
-
-def _new_owner() -> str:
-    return _owners.new()
-
-
-def renew_owners_after_fork() -> None:
-    """After fork(), in the child (``django_locks.process.AFTER_FORK``)."""
-    global _owners
-    _owners = _Owners()
-
-
-def _lock_ttl(ttl: Duration) -> int:
-    return durations.ttl_ms(ttl)
+def _lock_only(found: Lock | Holder | None) -> Lock | None:
+    return found if isinstance(found, Lock) else None
 
 
 class DefaultLocks(LazyObject):  # type: ignore[type-arg]

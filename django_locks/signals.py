@@ -7,15 +7,23 @@ failing receiver is logged and never breaks the sender), and never on the renewa
 * ``lock_lost(key, fencing_token, detected_by)``: a held lock stopped being ours.
 * ``leadership_acquired(key, fencing_token, lock)``, ``leadership_lost(key, fencing_token,
   reason)`` with reason ``"lost"`` or ``"released"``.
-* ``run_skipped(key, reason)``: a decorated job did not run because another holds its lock.
+* ``run_skipped(key, reason, code)``: a decorated job did not run because another holds its
+  lock; ``reason`` the sentence logged, ``code`` its short name (``"elsewhere"``,
+  ``"in_progress"``), the metrics label.
+
+They are the first consumer of the event stream (``django_locks.events``): :func:`consume`
+sends them, and logs the loss and the skipped run, from the events.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.dispatch import Signal
+
+if TYPE_CHECKING:
+    from django_locks.events import Event
 
 logger = logging.getLogger("django_locks")
 
@@ -35,3 +43,63 @@ def send(signal: Signal, sender: Any, **kwargs: Any) -> None:
                 result,
                 exc_info=(type(result), result, result.__traceback__),
             )
+
+
+def consume(event: Event) -> None:
+    """The signals' and the logs' share of the event stream (every other event is none of
+    theirs: acquisitions and renewals are for the exporters)."""
+    kind = event.kind
+    if kind not in _SIGNALLED:
+        return
+    from django_locks.service import Locks  # the one documented sender (SPEC section 2)
+
+    if kind == "lost":
+        from django_locks.stores.base import holder_name
+
+        logger.warning(
+            # The holder, never the owner id: that is the holder's secret (SPEC section 2).
+            "Lock lost: key=%r%s fencing_token=%s detected_by=%s holder=%s",
+            event.key,
+            "" if event.permit is None else f" permit={event.permit}",
+            event.fencing_token,
+            event.outcome,
+            holder_name(),
+        )
+        send(
+            lock_lost,
+            Locks,
+            key=event.key,
+            fencing_token=event.fencing_token,
+            detected_by=event.outcome,
+        )
+    elif kind == "run_skipped":
+        if event.holder is not None:
+            logger.log(
+                event.level,
+                "Skipped %s: %s (held by %s)",
+                event.name,
+                event.reason,
+                event.holder.describe(),
+            )
+        else:
+            logger.log(event.level, "Skipped %s: %s", event.name, event.reason)
+        send(run_skipped, Locks, key=event.key, reason=event.reason, code=event.outcome)
+    elif kind == "leadership_acquired":
+        send(
+            leadership_acquired,
+            Locks,
+            key=event.key,
+            fencing_token=event.fencing_token,
+            lock=event.lock,
+        )
+    else:
+        send(
+            leadership_lost,
+            Locks,
+            key=event.key,
+            fencing_token=event.fencing_token,
+            reason=event.outcome,
+        )
+
+
+_SIGNALLED = frozenset({"lost", "run_skipped", "leadership_acquired", "leadership_lost"})

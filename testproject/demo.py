@@ -258,7 +258,7 @@ class Demo:
 
         for lease in locks.store.leases():
             if lease.key == key and lease.state == "held":
-                return self.instance_of(lease.holder), lease.fencing_token
+                return self.instance_of(lease.described.address), lease.fencing_token
         return None
 
     def feed(self) -> list[tuple[str, int]]:

@@ -105,3 +105,114 @@ def test_quick_run_prints_every_section_and_the_counted_figures(tmp_path: Path) 
         assert len(goal[mode]["run_ratios"]) == 2  # --quick: two interleaved runs
         assert goal[mode]["django_locks"]["cpu_us"] > 0
     assert sum("pinned" in g["goal"] for g in results["goals"]) == 1
+
+
+def test_quick_admin_run_compares_the_leases_page_with_a_plain_model_admin(tmp_path: Path) -> None:
+    figures = tmp_path / "admin.json"
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--admin", "--quick", "--json", str(figures)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    if run.returncode == 2 and "Cannot run" in run.stdout:
+        missing(run.stdout.strip().splitlines()[-1])
+    assert run.returncode == 0, run.stdout + run.stderr
+    for heading in (
+        "== The admin's Leases page, PostgreSQL",
+        "Changelist loads",
+        "== Against the goal ==",
+    ):
+        assert heading in run.stdout, heading
+    admin = json.loads(figures.read_text())["admin"]
+    assert (admin["rows"], admin["ended"], admin["held"]) == (100_100, 100_000, 100)
+    # Counted, not timed: both pages show 100 rows in as many queries, unfiltered and held.
+    for page in ("unfiltered", "held"):
+        ours, plain = admin["pages"][page]["Leases page"], admin["pages"][page]["plain ModelAdmin"]
+        assert ours["rows_shown"] == plain["rows_shown"] == 100, page
+        assert ours["queries"] == plain["queries"], page
+        assert admin["pages"][page]["ratio"] > 0
+
+
+def test_quick_exporters_run_reports_the_cost_and_the_round_trip_ratio(tmp_path: Path) -> None:
+    figures = tmp_path / "exporters.json"
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--exporters", "--quick", "--json", str(figures)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    for heading in (
+        "== The exporters' cost",
+        "Goal (issue 21): at most 10 us added per acquire + release with both",
+        "Against real round trips",
+    ):
+        assert heading in run.stdout, heading
+    exporters = json.loads(figures.read_text())["exporters"]
+    assert set(exporters["acquire"]) == {"none", "opentelemetry only", "prometheus only", "both"}
+    trips = exporters["round_trips"]
+    assert "unavailable" not in trips, trips
+    assert trips["postgres"]["ratio"] > 0 and trips["redis"]["ratio"] > 0
+
+
+def test_quick_permits_run_compares_a_permit_with_a_plain_lock_on_every_store(
+    tmp_path: Path,
+) -> None:
+    figures = tmp_path / "permits.json"
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--permits", "--quick", "--json", str(figures)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if run.returncode == 2 and "Cannot run" in run.stdout:
+        missing(run.stdout.strip().splitlines()[-1])
+    assert run.returncode == 0, run.stdout + run.stderr
+    out = run.stdout
+    for heading in (
+        "== The in-memory store ==",
+        "== SQLite (the database store on a file) ==",
+        "== PostgreSQL",
+        "== Redis",
+        "a permit against a plain lock",
+        "Renewal: 1,000 permits held by one process (10 keys of 100 permits",
+        "Handoff: 8 threads, 3 permits of one key",
+        "again with redis-server's hz 100",
+        "== Against the goals of issue 22 ==",
+    ):
+        assert heading in out, heading
+    stores = json.loads(figures.read_text())["stores"]
+    assert set(stores) == {"memory", "sqlite", "postgres", "redis"}
+    for name, found in stores.items():
+        assert found["supports_permits"], name
+        pair = found["pair"]
+        assert pair["ratio"] > 0 and pair["store_calls_ratio"] > 0, name
+        assert pair["permit"]["samples"] == pair["plain"]["samples"] > 0, name
+    # Counted, not timed: 1,000 permits of 10 keys, each its own slot, renewed in at most 2
+    # round trips per period and none lost.
+    for name in ("postgres", "redis"):
+        renewal = stores[name]["renewal"]
+        assert (renewal["permits"], renewal["distinct_slots"]) == (1000, 1000), name
+        assert 1 <= renewal["round_trips_per_period"] <= 2, name
+        assert renewal["leases_renewed_per_period"] * renewal["periods"] >= 1000, name
+        assert renewal["lost"] == 0, name
+    # Every handoff is classed, and the store's waits were seen (a recorder that saw no wait
+    # would class every handoff "no pause").
+    handoffs = [stores[name]["handoff"] for name in ("memory", "postgres", "redis")]
+    for handoff in [*handoffs, stores["redis"]["handoff_fine_hz"]]:
+        assert handoff["handoffs"] == 6
+        assert sum(handoff["woken"].values()) == 6
+        assert handoff["woken"]["notice"] + handoff["woken"]["backoff"] >= 1
+    assert "handoff" not in stores["sqlite"]  # no release notices to count
+    goals = json.loads(figures.read_text())["goals"]
+    assert len(goals) == 4 + 2 + 3

@@ -244,9 +244,14 @@ def test_whole_beat_leader_mode_on_the_database_store(cluster: Any) -> None:
     assert "leads 'celery-beat:celeryapp'" in logs
 
 
-def test_a_beat_that_loses_its_lead_stops_publishing_and_campaigns_again(cluster: Any) -> None:
+def test_a_beat_that_loses_its_lead_stops_publishing_and_campaigns_again(
+    cluster: Any, redis_server: Any
+) -> None:
     schedule = {"plain": {"task": "tests.celeryapp.tasks.plain", "every": 1}}
-    processes = cluster(locks=database_locks(CELERY_BEAT_LEADER=True), schedule=schedule)
+    # Not the SQLite file's store: a process stopped inside one of its writes holds the file's
+    # write lock, and every other process waits for it to resume (docs/topics/stores.rst).
+    locks = redis_locks(redis_server, CELERY_BEAT_LEADER=True)
+    processes = cluster(locks=locks, schedule=schedule)
     processes.worker("w1")
     processes.beat("b1")
     processes.beat("b2")
@@ -295,14 +300,61 @@ def test_without_overlapping_skips_ticks_during_a_slow_run_on_every_worker(
     ]
     print(f"\nskipped ticks during slow runs, per worker: {skipped}")
     assert sum(skipped) >= 3
+    # Each skip line names the holder from the failed acquire's answer: the worker process
+    # running the slow task, by its task id.
+    lines = [
+        line
+        for name in workers
+        for line in processes.log(name).splitlines()
+        if "Skipped tests.celeryapp.tasks.slow: a run is still in progress" in line
+    ]
+    assert all(" (held by " in line and " (celery task " in line for line in lines), lines[:3]
     # Whichever worker the broker hands a tick to during the run skips it; which one that is,
     # is the broker's choice (the runs above never overlapped on any of the three).
 
 
-def test_a_paused_run_writes_nothing_stale_when_it_resumes(cluster: Any) -> None:
+def test_limit_concurrency_runs_at_most_two_per_tenant_across_workers(
+    cluster: Any, redis_server: Any
+) -> None:
     from celery import Celery
 
-    processes = cluster(locks=database_locks())
+    processes = cluster(locks=redis_locks(redis_server))
+    for name in ("w1", "w2"):
+        processes.worker(name, concurrency=3)
+    client = Celery(broker=processes.broker)
+    for _ in range(6):
+        client.send_task("tests.celeryapp.tasks.limited", args=["a", 2.0])
+    client.send_task("tests.celeryapp.tasks.limited", args=["b", 0.5])
+
+    def settled() -> bool:
+        ended = len(processes.runs("limited-end"))
+        skipped = sum(
+            processes.log(name).count("Skipped tests.celeryapp.tasks.limited: every permit")
+            for name in ("w1", "w2")
+        )
+        return ended + skipped >= 7 and ended == len(processes.runs("limited-start"))
+
+    wait_for(settled, timeout=60, what="every limited task ran or was skipped")
+    starts, ends = processes.runs("limited-start"), processes.runs("limited-end")
+    instants = sorted(
+        [(run["at"], 1) for run in starts if run["tenant"] == "a"]
+        + [(run["at"], -1) for run in ends if run["tenant"] == "a"]
+    )
+    running, most = 0, 0
+    for _, step in instants:
+        running += step
+        most = max(most, running)
+    assert most == 2, instants
+    assert {run["permit"] for run in starts if run["tenant"] == "a"} <= {1, 2}
+    assert [run["tenant"] for run in starts].count("b") == 1  # its own permits
+    assert all(run["run_lock"] in ("limited:a", "limited:b") for run in starts)
+
+
+def test_a_paused_run_writes_nothing_stale_when_it_resumes(cluster: Any, redis_server: Any) -> None:
+    from celery import Celery
+
+    # Redis, not the SQLite file: a renewal stopped mid-write would hold the file's write lock.
+    processes = cluster(locks=redis_locks(redis_server))
     processes.worker("w1", concurrency=2)
     processes.sql(
         "INSERT INTO testapp_stockcount (product, count, fencing_token) VALUES ('p', 0, 0)"

@@ -154,3 +154,30 @@ def test_an_unknown_option_is_named_with_the_valid_ones(backend, options, valid)
     assert repr(next(iter(set(options) - {"url"}))) in message
     assert valid in message
     assert "unexpected keyword" not in message
+
+
+REDIS_DOWN = {
+    "BACKEND": "django_locks.stores.RedisStore",
+    "OPTIONS": {"url": "redis://127.0.0.1:1/0", "socket_connect_timeout": 0.3},
+}
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        # Django hands every alias to every check as `databases` when none was asked for: a
+        # plain check (and every command's own checks) must not reach the store.
+        ((), 0),
+        (("--database", "default"), 1),
+        (("--deploy",), 1),
+        (("--deploy", "--database", "default"), 1),
+    ],
+    ids=["plain", "database", "deploy", "deploy and database"],
+)
+@pytest.mark.django_db
+def test_the_store_is_reached_only_by_check_database_or_deploy_and_said_once(
+    capsys: pytest.CaptureFixture[str], args: tuple[str, ...], said: int
+) -> None:
+    with override_settings(DEBUG=True, LOCKS=REDIS_DOWN):
+        out = run_check(capsys, *args)
+    assert out.count("(django_locks.W206)") == said, out

@@ -98,13 +98,13 @@ def test_default_keys_are_module_dot_function() -> None:
 
 def test_a_sticky_owner_lease_costs_no_round_trip_once_held(monkeypatch: Any) -> None:
     store_calls: list[str] = []
-    real_acquire = locks.store.acquire
+    real_acquire = locks.store.acquire_as
 
     def counting(*args: Any, **kwargs: Any) -> Any:
         store_calls.append(args[0])
         return real_acquire(*args, **kwargs)
 
-    monkeypatch.setattr(locks.store, "acquire", counting)
+    monkeypatch.setattr(locks.store, "acquire_as", counting)
     calls.clear()
     assert nightly(1) == 3
     assert nightly(2, y=5) == 7
@@ -120,7 +120,9 @@ def test_another_instance_owning_the_job_skips_it(caplog: Any) -> None:
     caplog.set_level(logging.DEBUG, logger="django_locks")
     with recording(run_skipped) as skips:
         assert nightly(1) is None
-    assert skips == [{"key": "tests.test_decorators.nightly:owner", "reason": ELSEWHERE}]
+    assert skips == [
+        {"key": "tests.test_decorators.nightly:owner", "reason": ELSEWHERE, "code": "elsewhere"}
+    ]
     assert "Skipped tests.test_decorators.nightly: it runs on another instance" in caplog.text
     other.release()
     assert nightly(1) == 3
@@ -154,7 +156,9 @@ def test_a_held_run_lock_skips_the_run(caplog: Any) -> None:
     assert held is not None
     with recording(run_skipped) as skips:
         assert exclusive() is None
-    assert skips == [{"key": "tests.test_decorators.exclusive", "reason": IN_PROGRESS}]
+    assert skips == [
+        {"key": "tests.test_decorators.exclusive", "reason": IN_PROGRESS, "code": "in_progress"}
+    ]
     assert "Skipped tests.test_decorators.exclusive: a run is still in progress" in caplog.text
     held.release()
 
@@ -185,7 +189,7 @@ def test_stacked_in_either_order_one_key_owner_first_then_run_lock(job: Any) -> 
     with recording(run_skipped) as skips:
         assert job() is None
     # The owner lease is checked first: the run lock (held here) is never looked at.
-    assert skips == [{"key": key + ":owner", "reason": ELSEWHERE}]
+    assert skips == [{"key": key + ":owner", "reason": ELSEWHERE, "code": "elsewhere"}]
     run_lock.release()
     other.release()
 
@@ -330,14 +334,14 @@ def test_a_skipped_command_whose_owner_hand_back_fails_still_skips(monkeypatch: 
 
     held = locks.acquire("import:c")
     assert held is not None
-    real_release = locks.store.release
+    real_end = locks.store.end
 
-    def failing(key: str, owner: str, **kwargs: Any) -> bool:
+    def failing(key: str, owner: str, how: str, **kwargs: Any) -> bool:
         if key.endswith(":owner"):
             raise StoreError("release: store unreachable (injected)")
-        return real_release(key, owner, **kwargs)
+        return real_end(key, owner, how, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(locks.store, "release", failing)
+    monkeypatch.setattr(locks.store, "end", failing)
     _, err = run_command("locked_import", "c")
     assert err.startswith("Skipped locked_import: a run is still in progress (held by ")
     monkeypatch.undo()

@@ -37,6 +37,8 @@ pytestmark = pytest.mark.slow
 # The classes whose public members SPEC section 2 names one by one.
 MEMBERS_OF = ["Locks", "Lock", "AbortSignal", "ManualClock", *stores.__all__]
 FIXTURES = ["locks_reset"]  # pytest fixtures of django_locks.testing (SPEC section 7)
+# LOCKS["METRICS"]'s exporters, with their extras.
+EXPORTER_MODULES = ["django_locks.contrib.opentelemetry", "django_locks.contrib.prometheus"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,12 +112,13 @@ def public_names() -> list[Public]:
     for name, value in vars(fencing).items():
         if not name.startswith("_") and getattr(value, "__module__", None) == fencing.__name__:
             found.append(exported(fencing.__name__, name))
+    for module in EXPORTER_MODULES:  # SPEC section 11: each exporter's __all__
+        found += [exported(module, name) for name in importlib.import_module(module).__all__]
     for public in list(found):
         short = public.name.rsplit(".", 1)[1]
-        if short in MEMBERS_OF:
-            found += members(
-                public, getattr(importlib.import_module(public.name.rsplit(".", 1)[0]), short)
-            )
+        obj = getattr(importlib.import_module(public.name.rsplit(".", 1)[0]), short)
+        if short in MEMBERS_OF and inspect.isclass(obj):  # (not a constant such as PERMITS_OWNER)
+            found += members(public, obj)
     return found
 
 

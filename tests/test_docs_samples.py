@@ -149,6 +149,22 @@ def check_leader_page(ns: dict[str, Any]) -> None:
         assert feed.subscription.closed
 
 
+def check_metrics_page(ns: dict[str, Any]) -> None:
+    import os
+    import tempfile
+
+    response = ns["metrics"](RequestFactory().get("/metrics"))  # the default registry
+    assert response.status_code == 200 and b"# TYPE django_locks_held gauge" in response.content
+    with tempfile.TemporaryDirectory() as directory:
+        with mock.patch.dict(os.environ, {"PROMETHEUS_MULTIPROC_DIR": directory}):
+            response = ns["metrics"](RequestFactory().get("/metrics"))  # the directory's files
+            assert response.status_code == 200 and b"django_locks_" not in response.content
+            dead = Path(directory) / "gauge_livesum_4242.db"
+            dead.touch()
+            ns["child_exit"](None, types.SimpleNamespace(pid=4242))
+            assert not dead.exists()
+
+
 def check_operations_page(ns: dict[str, Any]) -> None:
     from django.contrib.auth.models import Group
 
@@ -176,6 +192,7 @@ CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "topics/fencing.rst": check_fencing_page,
     "topics/leader-election.rst": check_leader_page,
     "howto/operations.rst": check_operations_page,
+    "topics/metrics.rst": check_metrics_page,
 }
 NAMESPACES: dict[str, Callable[[], dict[str, Any]]] = {
     "topics/leader-election.rst": leader_namespace,

@@ -287,3 +287,147 @@ def test_the_docs_table_sums_the_runs_and_keeps_the_worst_figures() -> None:
         "2",
     ]
     assert cells[9:] == ["1 / 6.5 / 6.5", "--"]
+
+
+# Permits (the permits scenario): each ok names its permit, writes go to the permit's own row.
+
+
+def permit_held(
+    pid: int, token: int, permit: int, start: float, end: float, permits: int = 3
+) -> list[dict[str, Any]]:
+    """A holder of permit ``permit`` of ``k`` (permits=``permits``), writing to ``k#<permit>``."""
+    events = held(pid, token, start, end)
+    for event in events:
+        if event["e"] == "ok":
+            event |= {"permit": permit, "permits": permits}
+        elif event["e"] == "write":
+            event["key"] = f"k#{permit}"
+    return events
+
+
+def slot_counters(*values: int) -> list[dict[str, Any]]:
+    """The fenced and canary counters of slots 1, 2, ... at ``values``."""
+    return [e for n, v in enumerate(values, 1) for e in counters(v, v, key=f"k#{n}")]
+
+
+def three_at_once() -> list[dict[str, Any]]:
+    """Three holders of three permits at once, then each slot handed on, one ending at the
+    instant the next starts."""
+    return [
+        *permit_held(1, 10, 1, 0.0, 1.0),
+        *permit_held(2, 11, 2, 0.1, 1.5),
+        *permit_held(3, 12, 3, 0.2, 1.2),
+        *permit_held(4, 14, 1, 1.0, 1.9),
+        *permit_held(5, 15, 3, 1.3, 1.8),
+        *permit_held(6, 16, 2, 1.6, 1.9),
+    ]
+
+
+def no_writes(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in events if e["e"] != "write"]
+
+
+def test_three_holders_of_three_permits_is_no_violation() -> None:
+    report = check([*three_at_once(), *slot_counters(2, 2, 2)])
+    assert report.ok, report.details
+    assert report.acquisitions == 6
+    assert report.peak_holders == 3
+    assert report.summary().endswith("| peak_holders=3")
+    assert "peak_holders" not in check(clean()).summary()
+
+
+def test_a_fourth_valid_holder_of_three_permits() -> None:
+    # Token 13 is handed permit 3 at 0.5 while 10, 11 and 12 are all still valid.
+    events = [
+        *three_at_once(),
+        *no_writes(permit_held(7, 13, 3, 0.5, 0.9)),
+        *slot_counters(2, 2, 2),
+    ]
+    report = check(events)
+    found = {v: report.violations[v] for v in VIOLATIONS if report.violations[v]}
+    # Four holders of three slots share one: that slot's windows overlap too.
+    assert found == {"over_permits": 1, "overlap": 1}, report.details
+    assert any("4 holders of 'k' (permits=3) at 0.500" in line for line in report.details)
+
+
+def test_a_fourth_holder_naming_a_fourth_permit() -> None:
+    # No slot is shared, yet four were valid at once, one of them a permit the key does not have.
+    events = [*three_at_once(), *permit_held(7, 13, 4, 0.5, 0.9), *slot_counters(2, 2, 2, 1)]
+    report = check(events)
+    assert report.violations["over_permits"] == 2, report.details  # the moment and the permit
+    assert report.violations["overlap"] == 0
+
+
+def test_a_holder_paused_past_its_deadline_is_no_fourth_holder() -> None:
+    # Holder 10 releases at 5.0, but its deadline (1.975) ended its validity: slot 1 then went to
+    # 13 at 2.0 while 11 and 12 held the others.
+    events = [
+        *[e for e in permit_held(1, 10, 1, 0.0, 5.0) if e["e"] != "write" or e["kind"] == "claim"],
+        *permit_held(2, 11, 2, 1.0, 3.0),
+        *permit_held(3, 12, 3, 1.5, 3.5),
+        *permit_held(4, 13, 1, 2.0, 3.0),
+        *slot_counters(1, 1, 1),
+    ]
+    report = check(events)
+    assert report.ok, report.details
+
+
+def test_a_token_of_one_slot_handed_out_again_on_another() -> None:
+    events = [*permit_held(1, 10, 1, 0.0, 1.0), *permit_held(2, 10, 2, 0.1, 1.1)]
+    events[1]["owner"] = "another owner"
+    only(check([*events, *slot_counters(1, 1)]), "duplicate_token")
+
+
+def test_a_stale_fenced_write_to_a_permits_own_row() -> None:
+    # Token 10 of slot 1, paused, writes its row at 1.5 after token 12 took slot 1 and claimed it.
+    events = [
+        *permit_held(1, 10, 1, 0.0, 0.5),
+        *permit_held(2, 11, 2, 0.2, 2.0),
+        *permit_held(3, 12, 1, 1.1, 2.0),
+        *slot_counters(3, 1),
+    ]
+    late = write(1, 10, "fenced", 1.5, value=1)
+    late["key"] = "k#1"
+    only(check([*events, late]), "stale_write")
+
+
+def test_tokens_order_each_permit_only() -> None:
+    # Slot 2's token 11 writes its row after slot 1's token 12 finished: other rows, no stale
+    # write; tokens need not grow across slots in window order.
+    events = [
+        *permit_held(1, 12, 1, 0.0, 0.5),
+        *permit_held(2, 11, 2, 0.1, 1.0),
+        *slot_counters(1, 1),
+    ]
+    assert check(events).ok
+    # On one slot they must.
+    events = [*permit_held(1, 12, 1, 0.0, 0.5), *permit_held(2, 11, 1, 0.6, 1.0), *slot_counters(2)]
+    assert check(events).violations["token_order"] == 1
+
+
+def test_fenced_lost_updates_per_permit() -> None:
+    events = [*permit_held(1, 10, 1, 0.0, 1.0), *permit_held(2, 11, 2, 0.1, 1.1)]
+    only(check([*events, *slot_counters(1, 0)]), "fenced_lost")
+
+
+def test_a_killed_permit_holders_takeover_is_its_own_slots() -> None:
+    events = [
+        *permit_held(1, 10, 1, 0.0, 1.0),
+        *[e for e in permit_held(2, 11, 2, 0.1, 9.0) if e["e"] in ("invoke", "ok")],
+        {
+            "e": "fault",
+            "t": 0.5,
+            "pid": 2,
+            "kind": "holder_kill",
+            "key": "k",
+            "token": 11,
+            "start": 0.5,
+            "end": 0.5,
+        },
+        *permit_held(3, 12, 1, 1.2, 2.0),  # slot 1, free sooner: not the takeover
+        *permit_held(4, 13, 2, 2.6, 3.0),
+        *slot_counters(2, 1),
+    ]
+    report = check(events)
+    assert report.ok, report.details
+    assert report.takeover == [pytest.approx(2.1)]

@@ -1,5 +1,6 @@
 """The fault suite in CI: baseline, holder pause, hung connection and delayed write, 30 s each on
-PostgreSQL and on Redis, failing on any violation the checker finds (tests/faults/).
+PostgreSQL and on Redis, and the permits scenario for 15 s on each, failing on any violation the
+checker finds (tests/faults/).
 
 The full matrix is one command (docs/internals/faults.rst):
 ``python -m tests.faults --matrix --duration 120 --runs 5``.
@@ -19,6 +20,7 @@ from tests.faults.harness import CI_SCENARIOS, RunConfig, run
 from tests.faults.servers import Servers
 
 CI_DURATION = 30.0
+CI_PERMITS_DURATION = 15.0
 LATENESS_P99_BOUND_MS = 500.0
 """A generous bound for noisy CI machines; the long run reports the real figure."""
 
@@ -67,6 +69,32 @@ def test_no_violation_under_faults(
         assert sum(report.lost_by.values()) > 0, summary
     if scenario == "delayed_write":
         assert report.refused_fenced > 0, summary
+
+
+@pytest.mark.faults
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "store",
+    [
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("redis", marks=[pytest.mark.postgres, pytest.mark.redis]),
+    ],
+)
+def test_never_more_holders_than_permits_under_faults(
+    store: str, fault_servers: Servers, tmp_path: Any
+) -> None:
+    """8 workers on one key with permits=3, holders paused, killed or hung (the docs' table has
+    the 60 s runs)."""
+    config = RunConfig(
+        "permits", store, duration=CI_PERMITS_DURATION, seed=1, out=tmp_path / "history"
+    )
+    report, summary = run(config, fault_servers)
+    print(summary)
+    assert report.ok, "\n".join([summary, *report.details[:20]])
+    assert report.acquisitions > 10, summary
+    assert sum(report.faults.values()) >= 1, summary
+    # All three permits were held at once, else "never more than 3" proves nothing.
+    assert report.peak_holders == 3, summary
 
 
 @pytest.mark.postgres

@@ -115,7 +115,8 @@ def test_list_json_held_and_with_all(store):
     assert only["state"] == "held"
     assert only["fencing_token"] == leases[held][1]
     assert "owner" not in only and "o1" not in json.dumps(only)  # the holder's secret
-    assert only["holder"].rsplit(":", 1)[1].isdigit()
+    assert isinstance(only["holder_info"]["pid"], int)
+    assert only["holder"].startswith(f"{only['holder_info']['host']} pid ")  # the one-line label
     assert 0 < only["expires_in"] <= 60
     assert only["acquired_at"].endswith("+00:00")
 
@@ -143,6 +144,8 @@ def test_list_as_a_table(store):
         "TOKEN",
         "ACQUIRED",
         "AT",
+        "LAST",
+        "RENEWED",
         "EXPIRES",
         "IN",
     ]

@@ -16,6 +16,8 @@ import pytest
 
 from django_locks import Locks, on_one_instance, registry, without_overlapping
 from django_locks.exceptions import StoreError
+from django_locks.holders import Holder
+from django_locks.lock import Lock
 from django_locks.notices import wait_for_release
 from django_locks.ownership import OwnerLeases, Term, release_owner_leases
 from django_locks.signals import leadership_acquired, leadership_lost
@@ -104,8 +106,27 @@ def release_wait_loops(root: Path) -> set[str]:
     return loops
 
 
+def leadership_tellers(root: Path) -> set[str]:
+    """Every function (or module) under ``root`` making an ``Event`` of a leadership change:
+    an ``Event(...)`` call naming the kind ``"leadership_acquired"`` or ``"leadership_lost"``."""
+    kinds = {"leadership_acquired", "leadership_lost"}
+    return {
+        name
+        for name, node in _functions(root)
+        if any(
+            isinstance(n, ast.Constant) and n.value in kinds
+            for call in _own_nodes(node)
+            if isinstance(call, ast.Call) and "Event" in _names(call.func)
+            for n in ast.walk(call)
+        )
+    }
+
+
 def test_one_function_sends_the_leadership_signals() -> None:
-    assert leadership_senders(PACKAGE) == {"django_locks.ownership.announce_leadership"}
+    # The signals are the event stream's first consumer: it sends them, from the events the
+    # one announcer makes.
+    assert leadership_senders(PACKAGE) == {"django_locks.signals.consume"}
+    assert leadership_tellers(PACKAGE) == {"django_locks.ownership.announce_leadership"}
 
 
 def test_one_loop_waits_for_release_notices() -> None:
@@ -165,16 +186,22 @@ def test_the_scans_find_a_second_sender_and_a_second_loop(tmp_path: Path) -> Non
 # Owner leases.
 
 
+def taken(found: Lock | Holder | None) -> Lock:
+    """What ``OwnerLeases.take`` answered, which must be the lease taken."""
+    assert isinstance(found, Lock), found
+    return found
+
+
 class CountingStore(InMemoryStore):
-    """The in-memory store, counting its acquire calls."""
+    """The in-memory store, counting its acquire calls (``acquire_as``: what the service calls)."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.acquires = 0
 
-    def acquire(self, key: str, owner: str, ttl_ms: int, **kwargs: Any) -> int | None:
+    def acquire_as(self, key: str, owner: str, ttl_ms: int, holder: Any, **kwargs: Any) -> Any:
         self.acquires += 1
-        return super().acquire(key, owner, ttl_ms, **kwargs)
+        return super().acquire_as(key, owner, ttl_ms, holder, **kwargs)
 
 
 @pytest.fixture
@@ -186,7 +213,7 @@ def service() -> Iterator[Locks]:
 
 def test_a_lease_taken_is_held_without_a_store_call(service: Locks) -> None:
     leases = OwnerLeases(lambda: service)
-    lock = leases.take("job", "ownership:a:owner")
+    lock = taken(leases.take("job", "ownership:a:owner"))
     assert lock is not None and lock.held
     store: Any = service.store
     assert store.acquires == 1
@@ -194,7 +221,7 @@ def test_a_lease_taken_is_held_without_a_store_call(service: Locks) -> None:
     assert leases.take("job", "ownership:a:owner") is lock
     assert store.acquires == 1
     elsewhere = OwnerLeases(lambda: service)  # another process, as far as leases go
-    assert elsewhere.take("job", "ownership:a:owner") is None
+    assert isinstance(elsewhere.take("job", "ownership:a:owner"), Holder)
     assert elsewhere.held("ownership:a:owner") is None
     leases.hand_back()
     assert not lock.held
@@ -205,7 +232,7 @@ def test_a_lease_taken_is_held_without_a_store_call(service: Locks) -> None:
 
 def test_a_lease_is_taken_with_its_ttl(service: Locks) -> None:
     leases = OwnerLeases(lambda: service)
-    lock = leases.take("job", "ownership:ttl:owner", 500)
+    lock = taken(leases.take("job", "ownership:ttl:owner", 500))
     assert lock is not None and lock.ttl == 0.5
     leases.hand_back()
 
@@ -215,8 +242,8 @@ def test_hand_back_with_a_grace_leaves_the_lease_for_the_grace(service: Locks) -
     leases = OwnerLeases(
         lambda: service, handed_back=lambda lock, grace: told.append((lock.key, grace))
     )
-    graced = leases.take("job", "ownership:graced:owner")
-    at_once = leases.take("job", "ownership:at-once:owner")
+    graced = taken(leases.take("job", "ownership:graced:owner"))
+    at_once = taken(leases.take("job", "ownership:at-once:owner"))
     assert graced is not None and at_once is not None
     leases.hand_back(lambda lock: 0.6 if lock is graced else 0)
     handed_back = time.monotonic()
@@ -234,17 +261,17 @@ def test_a_failing_hand_back_does_not_keep_the_others(
     service: Locks, caplog: pytest.LogCaptureFixture
 ) -> None:
     leases = OwnerLeases(lambda: service)
-    failing = leases.take("job", "ownership:failing:owner")
-    other = leases.take("job", "ownership:other:owner")
+    failing = taken(leases.take("job", "ownership:failing:owner"))
+    other = taken(leases.take("job", "ownership:other:owner"))
     assert failing is not None and other is not None
-    real_release = service.store.release
+    real_end = service.store.end
 
-    def release(key: str, owner: str, **kwargs: Any) -> bool:
+    def end(key: str, owner: str, how: Any, **kwargs: Any) -> bool:
         if key == "ownership:failing:owner":
             raise StoreError("release: store unreachable (injected)")
-        return real_release(key, owner, **kwargs)
+        return real_end(key, owner, how, **kwargs)
 
-    service.store.release = release  # type: ignore[method-assign]
+    service.store.end = end  # type: ignore[method-assign]
     leases.hand_back()
     assert (
         "Handing back 'ownership:failing:owner' failed (release: store unreachable" in caplog.text
@@ -257,14 +284,14 @@ def test_a_lost_lease_is_not_held() -> None:
     store = InMemoryStore(clock=store_clock)
     service = Locks(store, ttl="1s", clock=ManualClock())  # its holder pauses
     leases = OwnerLeases(lambda: service)
-    lock = leases.take("job", "ownership:lost:owner")
+    lock = taken(leases.take("job", "ownership:lost:owner"))
     assert lock is not None
     store_clock.advance("2s")
     assert store.acquire("ownership:lost:owner", "another-owner", 1000) is not None
     service.clock.advance("1s")  # type: ignore[attr-defined]
     assert not lock.held
     assert leases.held("ownership:lost:owner") is None
-    assert leases.take("job", "ownership:lost:owner") is None  # the other owner has it
+    assert isinstance(leases.take("job", "ownership:lost:owner"), Holder)  # the other owner has it
 
 
 # Leadership terms.

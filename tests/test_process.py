@@ -177,7 +177,7 @@ def _in_child(check: Callable[[], dict[str, object]]) -> dict[str, object]:
 
 
 def test_a_forked_child_starts_afresh_even_with_locks_held_by_the_parents_threads() -> None:
-    from django_locks import aio, ownership, renewal_batch, service
+    from django_locks import aio, owners, ownership, renewal_batch
     from django_locks.clock import system_clock
     from django_locks.stores import InMemoryStore
     from django_locks.stores.redis import RedisStore
@@ -191,7 +191,7 @@ def test_a_forked_child_starts_afresh_even_with_locks_held_by_the_parents_thread
     locks = Locks(InMemoryStore(), ttl="30s")
     lock = locks.acquire("process:batched")
     assert lock is not None
-    parent_owner = service._new_owner()
+    parent_owner = owners.new_owner()
     assert renewal_batch._last_batch is not None  # the lock joined a batch
     system_clock.notify(lambda: None)  # the background threads exist in the parent
 
@@ -224,7 +224,7 @@ def test_a_forked_child_starts_afresh_even_with_locks_held_by_the_parents_thread
             "fresh": made.get() is not parents,
             "inherited": inherited == [parents],
             "rooms": list(rooms),
-            "owner": service._new_owner()[:16] != parent_owner[:16],
+            "owner": owners.new_owner()[:16] != parent_owner[:16],
             "batch": renewal_batch._last_batch is None,
             "notified": ran.wait(5),
             "lock held": lock.held,

@@ -141,11 +141,13 @@ def test_three_processes_one_leader_and_sigterm_hands_over_at_once(fleet) -> Non
     logs = fleet.logs()
     assert "Stepped down from tests:fenced-writer (released)" in logs[leader]
     assert sum("Leading tests:fenced-writer" in text for text in logs.values()) == 2
-    # Followers say whom they follow (host:pid), and LOGGING's console handler for the
-    # django_locks logger (tests/leader_settings.py) does not make any line print twice.
+    # Followers say whom they follow (the holder their failed campaign found), and LOGGING's
+    # console handler for the django_locks logger (tests/leader_settings.py) does not make any
+    # line print twice.
     followers = [pid for pid in logs if pid != leader]
+    leading = f"{socket.gethostname()} pid {leader} (run_leader tests:fenced-writer)"
     for pid in followers:
-        assert f"Following tests:fenced-writer: {socket.gethostname()}:{leader} leads" in logs[pid]
+        assert f"Following tests:fenced-writer: {leading} leads" in logs[pid]
     for text in logs.values():
         lines = text.splitlines()
         assert all(a != b for a, b in itertools.pairwise(lines)), text

@@ -35,6 +35,11 @@ def ready() -> None:
         ({"TTL": "30s", "TIMEOUT": 5}, "unknown keys ['TIMEOUT']"),
         ({"BACKEND": MEMORY, "CLOCK": 42}, "LOCKS['CLOCK'] must be None"),
         ({"BACKEND": MEMORY, "ALLOW_IN_MEMORY_STORAGE": "yes"}, "must be True or False"),
+        ({"BACKEND": MEMORY, "METRICS": "prometheus"}, "must be a list of exporter names"),
+        ({"BACKEND": MEMORY, "METRICS": None}, "for example LOCKS['METRICS'] = ['prometheus']"),
+        ({"BACKEND": MEMORY, "METRICS": ["statsd"]}, "names 'statsd'; the exporters are"),
+        ({"BACKEND": MEMORY, "METRICS": [1]}, "names 1; the exporters are 'opentelemetry'"),
+        ({"BACKEND": MEMORY, "METRICS": ["prometheus"] * 2}, "names an exporter twice"),
     ],
 )
 def test_bad_settings_refuse_to_start_with_the_fix(value, message) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from django_locks import process
 from django_locks.exceptions import LocksError
+from django_locks.holders import Holder
 from django_locks.job import OWNER_SUFFIX, JobSpec, job_spec
 from django_locks.keys import MAX_KEY_LENGTH
 from django_locks.lock import Lock
@@ -179,9 +180,11 @@ class BeatGuard:
                 term.fencing_token,
             )
             term.end("lost")
-        lock = self.locks.acquire(self.leader_key)
-        if lock is None:
+        locks = self.locks
+        found = locks._acquire(self.leader_key, locks.ttl_ms, 0.0, None, self.leader_key, "leader")
+        if not isinstance(found, Lock):
             return False
+        lock = found
         logger.info(
             "This beat (%s) leads %r: it publishes every entry (fencing token %s)",
             self.holder,
@@ -191,11 +194,12 @@ class BeatGuard:
         self.term = Term(self.leader_key, lock)
         return True
 
-    def owner_lease(self, key: str, spec: JobSpec) -> Lock | None:
-        """This beat's owner lease on ``key``: kept (no store call) or taken, else None."""
+    def owner_lease(self, key: str, spec: JobSpec, label: str) -> Lock | Holder | None:
+        """This beat's owner lease on ``key``: kept (no store call) or taken, else who holds
+        it (``None`` when the store cannot say). ``label``: the key template's."""
         assert spec.once is not None
         name = spec.name if spec.once.key else key[: -len(OWNER_SUFFIX)]
-        return self.leases.take(name, key, spec.once.ttl_ms)
+        return self.leases.take(name, key, spec.once.ttl_ms, label)
 
     def apply_entry(self, entry: Any, producer: Any = None) -> Any:
         """Publish ``entry`` only where it is this beat's to publish, with our headers.
@@ -230,9 +234,18 @@ class BeatGuard:
                         "template (a long argument can be hashed into a shorter one)",
                     )
                     return None
-                lock = self.owner_lease(key, spec)
-                if lock is None:
-                    skipped(entry.task, key, ELSEWHERE, level=logging.DEBUG)
+                label = spec.owner_template(task.name)
+                lock = self.owner_lease(key, spec, label)
+                if not isinstance(lock, Lock):
+                    skipped(
+                        entry.task,
+                        key,
+                        ELSEWHERE,
+                        holder=lock,
+                        level=logging.DEBUG,
+                        label=label,
+                        store=self.locks.store,
+                    )
                     self.refused.pop(name, None)
                     return None
                 headers = {HEADER_KEY: key, HEADER_TOKEN: lock.fencing_token}

@@ -15,6 +15,7 @@ from typing import Any
 # celery._state: the task being run (the public `celery.current_task` is a proxy of this
 # function, evaluated through one more private method), the apps created so far, and the
 # callbacks run when any app is finalized (`@shared_task` registers its tasks through both).
+from celery import _state
 from celery._state import _get_active_apps, connect_on_app_finalize, get_current_task
 
 
@@ -26,6 +27,11 @@ def current_task() -> Any | None:
 def active_apps() -> list[Any]:
     """Every Celery app of this process."""
     return list(_get_active_apps())
+
+
+def fallback_app() -> Any:
+    """The app Celery makes for a process that made none (``celery._state.default_app``)."""
+    return getattr(_state, "default_app", None)
 
 
 def on_app_finalize(callback: Callable[[Any], None]) -> None:

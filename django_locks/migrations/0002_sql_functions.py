@@ -2,7 +2,7 @@
 
 PL/pgSQL plans a function's statements once per session, so each call costs the server a short
 ``SELECT`` instead of parsing and planning the whole statement (see
-``stores/database/postgresql.py``). Other vendors get nothing. The function bodies come from the
+``stores/database/postgresql_sql.py``). Other vendors get nothing. The function bodies come from the
 store's own statements: a change to them comes with a migration that runs ``PG_FUNCTIONS``
 (``CREATE OR REPLACE``) again.
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 from django.db import migrations
 
-from django_locks.stores.database.postgresql import PG_DROP_FUNCTIONS, PG_FUNCTIONS
+from django_locks.stores.database.postgresql_sql import PG_DROP_FUNCTIONS, PG_FUNCTIONS
 
 
 def create_functions(apps: Any, schema_editor: Any) -> None:

@@ -8,14 +8,23 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from django_locks.stores.base import LeaseInfo, LockStore
+from django_locks.stores.base import PERMITS_OWNER, LeaseInfo, LockStore, PermitGrant, Slot
 
 if TYPE_CHECKING:
     from django_locks.stores.database import DatabaseStore
     from django_locks.stores.memory import InMemoryStore
     from django_locks.stores.redis import RedisStore
 
-__all__ = ["DatabaseStore", "InMemoryStore", "LeaseInfo", "LockStore", "RedisStore"]
+__all__ = [
+    "PERMITS_OWNER",
+    "DatabaseStore",
+    "InMemoryStore",
+    "LeaseInfo",
+    "LockStore",
+    "PermitGrant",
+    "RedisStore",
+    "Slot",
+]
 
 _LAZY = {
     "DatabaseStore": "django_locks.stores.database",

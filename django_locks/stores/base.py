@@ -7,12 +7,23 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 from collections.abc import Iterable, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from django_locks import process
+from django_locks.holders import Holder
 
 LeaseState = Literal["held", "expired", "released"]
+
+EndReason = Literal["released", "handed back", "lapsed", "expired", "force released", "max hold"]
+"""How a lease ended (SPEC section 8), where the store keeps ended leases."""
+
+ReleaseReason = Literal["released", "handed back"]
+"""How a holder ends its own lease at once (:meth:`LockStore.end`)."""
+
+LeaveReason = Literal["lapsed", "handed back"]
+"""How a lease left to lapse unrenewed ends (:meth:`LockStore.leave`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,7 +31,17 @@ class LeaseInfo:
     """One lease as a store lists it, for the admin and ``manage.py locks``.
 
     ``expires_in`` is measured on the store's own clock at listing time (negative once expired)
-    and is ``None`` for released leases. ``holder`` is a readable "host:pid" of whoever took it.
+    and is ``None`` for released leases. ``holder`` is the one-line label of whoever took it
+    ("host:pid" from a store that keeps nothing more). The fields after ``expires_in`` are new in
+    0.2.0, each ``None`` unless the store fills it, so a custom store building a ``LeaseInfo``
+    the old way keeps working: ``holder_info`` (a :class:`~django_locks.Holder`), ``ended`` (how
+    an ended lease ended, :data:`EndReason`; ``None`` while held, and for a lease ended by a
+    previous release's process, which recorded no reason), ``ended_by`` (who force-released it),
+    ``last_renewed`` (UTC, on the store's clock), ``permit`` (the slot of a key taken with
+    permits; its ``key`` is then the slot's, ``<key>#<n>``), ``permits`` (on a slot and on its
+    key's own record: the key's permits value; the record, whose ``owner`` is
+    :data:`PERMITS_OWNER` and whose ``permit`` is ``None``, is the key's summary, not a holder).
+    ``owner`` is the holder's secret: nothing shows it to people.
     """
 
     key: str
@@ -30,6 +51,63 @@ class LeaseInfo:
     fencing_token: int
     acquired_at: datetime.datetime | None
     expires_in: datetime.timedelta | None
+    holder_info: Holder | None = None
+    ended: EndReason | None = None
+    ended_by: str | None = None
+    last_renewed: datetime.datetime | None = None
+    permit: int | None = None
+    permits: int | None = None
+
+    @property
+    def is_summary(self) -> bool:
+        """Whether this is the own record of a key taken with permits (held while any of its
+        slots is), not a holder's lease."""
+        return self.permits is not None and self.permit is None
+
+    @property
+    def described(self) -> Holder:
+        """The holder as people read it: ``holder_info``, else parsed from ``holder``."""
+        if self.holder_info is not None:
+            return self.holder_info
+        return Holder.parse(self.holder, since=self.acquired_at)
+
+
+PERMITS_OWNER = "permits"
+"""The owner recorded on the own record of a key taken with permits while any slot is live."""
+
+
+class Slot(str):
+    """The lease key of one permit: ``<base>#<permit>``, a ``str`` that also carries ``base``
+    (the key asked for) and ``permit`` (1..permits).
+
+    The service passes a ``Slot``, never a plain ``str``, to :meth:`LockStore.renew`,
+    :meth:`~LockStore.renew_many`, :meth:`~LockStore.leave`, :meth:`~LockStore.end` and
+    :meth:`~LockStore.release` for a lease :meth:`LockStore.acquire_permit` granted, so that a
+    store can find the key's own record without reading the slot first (on Redis, the base
+    key's hash tag). Pass ``str(slot)`` to a driver."""
+
+    base: str
+    permit: int
+
+    def __new__(cls, base: str, permit: int) -> Slot:
+        slot = super().__new__(cls, f"{base}#{permit}")
+        slot.base = base
+        slot.permit = permit
+        return slot
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Slot, (self.base, self.permit))
+
+
+slot_of = functools.lru_cache(maxsize=4096)(Slot)
+"""``Slot(base, permit)``, the recent ones made once (what the service's permits use)."""
+
+
+class PermitGrant(NamedTuple):
+    """What :meth:`LockStore.acquire_permit` answers when it took a slot."""
+
+    fencing_token: int
+    permit: int
 
 
 class LockStore:
@@ -82,6 +160,98 @@ class LockStore:
         """Free ``owner``'s live lease on ``key`` at once, keeping the key's fencing token.
 
         Returns ``True`` when released, ``False`` when ``owner`` held no live lease on ``key``.
+        """
+        raise NotImplementedError
+
+    # Holders and how leases end (version 3). Each default below falls back on the three
+    # methods above, so a store written to them keeps working: it just records no holder
+    # description and no end reason. A store that records them overrides all four and sets
+    # ``describes_holders``; LockStoreContract then checks them.
+
+    describes_holders: bool = False
+    """Whether the store records the holder's description with each lease, returns the current
+    holder from a failed :meth:`acquire_as`, and records how its leases ended."""
+
+    def acquire_as(
+        self, key: str, owner: str, ttl_ms: int, holder: Holder, *, timeout: float | None = None
+    ) -> int | Holder | None:
+        """:meth:`acquire`, recording ``holder`` (its host, pid, kind and detail; ``since`` and
+        ``expires_at`` are the store's to set) with the lease. Returns the fencing token when
+        taken; when another owner holds the key, that owner's :class:`Holder` (``since``, its
+        ``expires_at`` on the store's clock) read in the SAME round trip, or ``None`` when the
+        store cannot say. What the service calls; this default calls :meth:`acquire`."""
+        return self.acquire(key, owner, ttl_ms, timeout=timeout)
+
+    def end(
+        self, key: str, owner: str, how: ReleaseReason, *, timeout: float | None = None
+    ) -> bool:
+        """:meth:`release`, recording ``how`` the lease ended: ``"released"`` by its holder, or
+        ``"handed back"`` (an owner lease or a leadership returned at shutdown)."""
+        return self.release(key, owner, timeout=timeout)
+
+    def leave(
+        self, key: str, owner: str, ttl_ms: int, how: LeaveReason, *, timeout: float | None = None
+    ) -> bool:
+        """:meth:`renew` to ``ttl_ms`` from now, recording that the lease, now never renewed
+        again, ends then as ``how``: ``"lapsed"`` (a command's ``min_hold`` ran out after a
+        clean run) or ``"handed back"`` (an owner lease kept a grace period at shutdown). An
+        acquire or renewal afterwards clears the record."""
+        return self.renew(key, owner, ttl_ms, timeout=timeout)
+
+    def force_end(self, key: str, by: str) -> bool:
+        """:meth:`force_release`, recording ``by`` whom ("admin alice", "cli bob@ops-1")."""
+        return self.force_release(key)
+
+    # Permits (version 3, optional). A store that offers them sets ``supports_permits`` and
+    # overrides acquire_permit; LockStoreContract then checks every rule below.
+
+    supports_permits: bool = False
+    """Whether the store offers permits: :meth:`acquire_permit`, and the :class:`Slot` rules of
+    the other methods below. Without it, ``permits=`` above 1 is refused naming the store."""
+
+    def acquire_permit(
+        self,
+        key: str,
+        owner: str,
+        ttl_ms: int,
+        permits: int,
+        holder: Holder,
+        *,
+        timeout: float | None = None,
+    ) -> PermitGrant | Holder | None:
+        """Take one of the ``permits`` slots of ``key`` (2 to ``MAX_PERMITS``) for ``owner``,
+        in ONE atomic step, recording ``holder`` as :meth:`acquire_as` does.
+
+        * A slot is a lease of its own on the slot key ``<key>#<n>`` (:class:`Slot`), n in
+          1..permits; the lowest free n is taken. Its token is drawn from the key's one growing
+          sequence: greater than every token ``key`` or any of its slots ever had (the key's own
+          record is the floor of all of them, and records the highest token drawn).
+        * While any slot is live, the key's own record is held too: owner
+          :data:`PERMITS_OWNER`, its ``permits`` value recorded, its expiry the latest of its
+          slots' expiries (moved in the same step by every slot's acquire and renewal). A
+          previous release's process, or a plain :meth:`acquire` of ``key``, finds it held.
+        * Idempotent for the same owner: when ``owner`` holds a live slot of ``key``, it is
+          extended to ``ttl_ms`` from now and the SAME grant is returned.
+        * Of any number of concurrent callers, never more than ``permits`` slots are live.
+        * Returns :class:`PermitGrant` ``(fencing_token, permit)`` when taken; when every slot
+          is live, the :class:`Holder` of the slot whose lease ends first (read in the same
+          round trip), or ``None`` when the store cannot say.
+        * Raises :class:`~django_locks.exceptions.PermitsMismatchError` (nothing written) when
+          the key's live leases use another permits value: a live plain lease on ``key`` (1),
+          or its own record held with another ``permits``.
+
+        The other methods, given a :class:`Slot`: :meth:`renew`, :meth:`renew_many` and
+        :meth:`leave` act on that slot's lease and move the key's own record's expiry to at
+        least the slot's new one; :meth:`end` and :meth:`release` free the slot, set the
+        record's expiry to the latest of its other live slots' (freeing it when none is
+        live), and send the release notice for ``slot.base`` (waiters wait on the base key).
+        :meth:`acquire` / :meth:`acquire_as` of a key whose own record is held by permits,
+        or of a slot's key (``"k#2"``, whose record names its base), raise
+        ``PermitsMismatchError``. :meth:`force_end` / :meth:`force_release` of the base key
+        free every slot and the record; of a slot key, that slot alone (the record following
+        as for :meth:`end`). :meth:`leases` lists each slot (``key`` the slot key, ``permit``
+        and ``permits`` set) and the key's record (``permits`` set, ``permit`` None);
+        :meth:`lease` of either key answers that one.
         """
         raise NotImplementedError
 
@@ -184,9 +354,29 @@ class LockStore:
     def __repr__(self) -> str:
         return f"<{type(self).__name__}>"
 
+    def __str__(self) -> str:
+        """The store named for people (the admin, ``manage.py locks``, messages): each store
+        says where its leases live, without I/O or secrets; by default its class's name."""
+        return type(self).__qualname__
+
 
 holder_name = process.holder
 """``host:pid`` of this process, as stores record a lease's holder for people reading the admin."""
+
+MAX_ENDED_BY = 255
+"""The longest ``by`` of :meth:`LockStore.force_end` kept (the database store's column)."""
+
+
+def require_permits(store: LockStore, permits: int) -> None:
+    """Refuse ``permits`` above 1 on a store without the capability, naming both."""
+    if permits > 1 and not store.supports_permits:
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured(
+            f"permits={permits} needs a store offering permits, and {store} does not (an "
+            f"optional capability of the store contract): use the database (PostgreSQL or "
+            f"SQLite), Redis or in-memory store, or permits=1"
+        )
 
 
 def check_older_than(older_than_ms: object) -> int:

@@ -9,7 +9,21 @@ import time
 from collections.abc import Sequence
 
 from django_locks.clock import Clock
-from django_locks.stores.base import LeaseInfo, LockStore, check_older_than, holder_name
+from django_locks.exceptions import PermitsMismatchError
+from django_locks.holders import Holder
+from django_locks.keys import check_permits
+from django_locks.stores.base import (
+    MAX_ENDED_BY,
+    PERMITS_OWNER,
+    EndReason,
+    LeaseInfo,
+    LeaveReason,
+    LockStore,
+    PermitGrant,
+    ReleaseReason,
+    check_older_than,
+    holder_name,
+)
 
 # The longest expires_in a listing shows: a timedelta cannot hold more than 999,999,999 days, and a
 # lease taken with a huge ttl_ms (by a caller of the store itself) must not crash leases().
@@ -23,14 +37,29 @@ class _Lease:
     token: int
     acquired_at: datetime.datetime
     expires_at: float  # on the store's clock, in seconds (a release moves it to then)
+    started: float  # the store's clock at acquired_at: expiry on the wall clock is from both
     released: bool = False
+    described: Holder | None = None  # kind and detail (host and pid are in ``holder``)
+    ended: EndReason | None = None  # how it ended, or how it will (left to lapse)
+    ended_by: str | None = None
+    renewed_at: datetime.datetime | None = None
+    # Permits: a slot records its base key, its permit and the key's permits value; the base
+    # key's own record (the summary, owner PERMITS_OWNER) records only the permits value.
+    permits: int | None = None
+    base: str | None = None
+    permit: int | None = None
+
+    @property
+    def is_summary(self) -> bool:
+        return self.permits is not None and self.base is None
 
 
 class InMemoryStore(LockStore):
     """Leases in a dict guarded by a mutex; the store's clock is ``clock`` (default: the system's).
 
     Useful for tests and development. Refused at startup while ``DEBUG`` is False unless
-    ``LOCKS["ALLOW_IN_MEMORY_STORAGE"]`` is set, since every process has its own.
+    ``LOCKS["ALLOW_IN_MEMORY_STORAGE"]`` is set, since every process has its own. The reference
+    store of the contract: every rule is one step under the one mutex.
     """
 
     takes_clock = True
@@ -45,7 +74,10 @@ class InMemoryStore(LockStore):
         self._released = threading.Condition(self._mutex)
         self._releases: dict[str, int] = {}  # per key: how many releases so far
         self._leases: dict[str, _Lease] = {}
-        self._floor = 0  # the highest token of a pruned lease: new keys' tokens start above it
+        self._floor = 0  # the highest token of a pruned lease: every new token is above it
+
+    def __str__(self) -> str:
+        return "in-memory store (this process only)"
 
     def _now(self) -> float:
         return self._clock.monotonic() if self._clock is not None else time.monotonic()
@@ -56,35 +88,160 @@ class InMemoryStore(LockStore):
             return None
         return lease
 
+    def _owned(self, key: str, owner: str, now: float) -> _Lease | None:
+        """``owner``'s live lease on ``key``; a key's summary is nobody's to renew or end."""
+        lease = self._live(key, now)
+        if lease is None or lease.owner != owner or lease.is_summary:
+            return None
+        return lease
+
+    def _next_token(self, *keys: str) -> int:
+        """Above every token ``keys`` ever had: their records', or a pruned one's (the floor)."""
+        return max([self._floor] + [self._leases[k].token for k in keys if k in self._leases]) + 1
+
+    describes_holders = True
+
     def acquire(
         self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None
     ) -> int | None:
+        taken = self._take(key, owner, ttl_ms, None)
+        return taken if isinstance(taken, int) else None
+
+    def acquire_as(
+        self, key: str, owner: str, ttl_ms: int, holder: Holder, *, timeout: float | None = None
+    ) -> int | Holder | None:
+        return self._take(key, owner, ttl_ms, holder)
+
+    def _take(self, key: str, owner: str, ttl_ms: int, holder: Holder | None) -> int | Holder:
         with self._mutex:
             now = self._now()
             lease = self._live(key, now)
+            if lease is not None and lease.permits is not None:
+                # A key held by permits, or one permit's slot key: never a plain lock's.
+                raise PermitsMismatchError(key, 1, lease.permits)
             if lease is not None:
                 if lease.owner != owner:
-                    return None
+                    return self._holder(lease, now)
                 lease.expires_at = now + ttl_ms / 1000
+                lease.ended = None
                 return lease.token
-            previous = self._leases.get(key)
-            token = (previous.token if previous is not None else self._floor) + 1
+            token = self._next_token(key)
             self._leases[key] = _Lease(
                 owner=owner,
-                holder=holder_name(),
+                holder=holder.address if holder is not None else holder_name(),
                 token=token,
                 acquired_at=datetime.datetime.now(datetime.UTC),
                 expires_at=now + ttl_ms / 1000,
+                started=now,
+                described=holder,
             )
             return token
+
+    supports_permits = True
+
+    def acquire_permit(
+        self,
+        key: str,
+        owner: str,
+        ttl_ms: int,
+        permits: int,
+        holder: Holder,
+        *,
+        timeout: float | None = None,
+    ) -> PermitGrant | Holder | None:
+        if check_permits(permits) < 2:
+            raise ValueError(f"`permits` of acquire_permit() must be 2 or more, got {permits!r}")
+        with self._mutex:
+            now = self._now()
+            summary = self._live(key, now)
+            if summary is not None and (not summary.is_summary or summary.permits != permits):
+                # A plain lease (or a slot: one lease too) counts as permits=1.
+                live = summary.permits if summary.is_summary else 1
+                raise PermitsMismatchError(key, permits, live or 1)
+            free, taken = None, []
+            for permit in range(1, permits + 1):
+                slot = self._live(f"{key}#{permit}", now)
+                if slot is None:
+                    free = free or permit
+                elif slot.owner == owner and slot.base == key:  # a retry: the same grant
+                    slot.expires_at = now + ttl_ms / 1000
+                    slot.ended = None
+                    self._follow(slot, now)
+                    return PermitGrant(slot.token, permit)
+                else:
+                    taken.append(slot)
+            if free is None:
+                return self._holder(min(taken, key=lambda slot: slot.expires_at), now)
+            name = f"{key}#{free}"
+            token = self._next_token(key, name)
+            acquired_at = datetime.datetime.now(datetime.UTC)
+            expires_at = now + ttl_ms / 1000
+            self._leases[name] = _Lease(
+                owner=owner,
+                holder=holder.address,
+                token=token,
+                acquired_at=acquired_at,
+                expires_at=expires_at,
+                started=now,
+                described=holder,
+                permits=permits,
+                base=key,
+                permit=free,
+            )
+            if summary is None:
+                summary = self._leases[key] = _Lease(
+                    owner=PERMITS_OWNER,
+                    holder=holder_name(),
+                    token=token,
+                    acquired_at=acquired_at,
+                    expires_at=expires_at,
+                    started=now,
+                    permits=permits,
+                )
+            summary.token = token  # the floor of every slot: the highest token drawn
+            summary.expires_at = max(summary.expires_at, expires_at)
+            return PermitGrant(token, free)
+
+    def _follow(self, slot: _Lease, now: float) -> None:
+        """A slot's expiry moved: its key's summary lasts as long as its latest live slot
+        (found among them all only when this one's moved earlier than the summary's)."""
+        if slot.base is None:
+            return
+        summary = self._leases[slot.base]  # live while any of its slots is
+        if slot.expires_at >= summary.expires_at:
+            summary.expires_at = slot.expires_at
+        else:
+            summary.expires_at = max(s.expires_at for s in self._slots(slot.base, summary, now))
+
+    def _slots(self, base: str, summary: _Lease, now: float) -> list[_Lease]:
+        """The live slots of ``base``, whose summary is ``summary``."""
+        assert summary.permits is not None
+        names = (f"{base}#{permit}" for permit in range(1, summary.permits + 1))
+        return [s for name in names if (s := self._live(name, now)) and s.base == base]
 
     def renew(self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None) -> bool:
         with self._mutex:
             now = self._now()
-            lease = self._live(key, now)
-            if lease is None or lease.owner != owner:
+            lease = self._owned(key, owner, now)
+            if lease is None:
                 return False
             lease.expires_at = now + ttl_ms / 1000
+            lease.renewed_at = datetime.datetime.now(datetime.UTC)
+            lease.ended = None
+            self._follow(lease, now)
+            return True
+
+    def leave(
+        self, key: str, owner: str, ttl_ms: int, how: LeaveReason, *, timeout: float | None = None
+    ) -> bool:
+        with self._mutex:
+            now = self._now()
+            lease = self._owned(key, owner, now)
+            if lease is None:
+                return False
+            lease.expires_at = now + ttl_ms / 1000
+            lease.ended = how
+            self._follow(lease, now)
             return True
 
     def renew_many(
@@ -93,18 +250,50 @@ class InMemoryStore(LockStore):
         return [self.renew(key, owner, ttl_ms) for key, owner, ttl_ms in leases]
 
     def release(self, key: str, owner: str, *, timeout: float | None = None) -> bool:
+        return self.end(key, owner, "released")
+
+    def end(
+        self, key: str, owner: str, how: ReleaseReason, *, timeout: float | None = None
+    ) -> bool:
         with self._mutex:
-            lease = self._live(key, self._now())
-            if lease is None or lease.owner != owner:
+            lease = self._owned(key, owner, self._now())
+            if lease is None:
                 return False
-            self._mark_released(key, lease)
+            self._end(key, lease, how)
             return True
 
-    def _mark_released(self, key: str, lease: _Lease) -> None:
+    def _end(self, key: str, lease: _Lease, how: EndReason, by: str | None = None) -> None:
+        """End ``lease`` on ``key``; a slot's summary then lasts as long as its other live slots
+        (ended with the last one). The notice is the base key's: waiters wait on it."""
+        self._mark_released(lease.base or key, lease, how, by)
+        if lease.base is None:
+            return
+        now = self._now()
+        summary = self._live(lease.base, now)
+        if summary is None:
+            return
+        others = self._slots(lease.base, summary, now)
+        if others:
+            summary.expires_at = max(slot.expires_at for slot in others)
+        else:  # (the slot's notice was the key's already)
+            self._mark_released(lease.base, summary, how, by, notify=False)
+
+    def _mark_released(
+        self,
+        notice: str,
+        lease: _Lease,
+        how: EndReason,
+        by: str | None = None,
+        *,
+        notify: bool = True,
+    ) -> None:
         lease.released = True
+        lease.ended = how
+        lease.ended_by = by
         lease.expires_at = min(lease.expires_at, self._now())  # when it ended, for prune()
-        self._releases[key] = self._releases.get(key, 0) + 1
-        self._released.notify_all()
+        if notify:
+            self._releases[notice] = self._releases.get(notice, 0) + 1
+            self._released.notify_all()
 
     def wait_for_release(self, key: str, timeout: float) -> bool:
         with self._mutex:
@@ -114,11 +303,19 @@ class InMemoryStore(LockStore):
             )
 
     def force_release(self, key: str) -> bool:
+        return self.force_end(key, "")
+
+    def force_end(self, key: str, by: str) -> bool:
         with self._mutex:
-            lease = self._live(key, self._now())
+            now = self._now()
+            lease = self._live(key, now)
             if lease is None:
                 return False
-            self._mark_released(key, lease)
+            ended_by = by[:MAX_ENDED_BY] or None
+            if lease.is_summary:  # the base key of permits: every slot, then the summary
+                for slot in self._slots(key, lease, now):
+                    self._mark_released(key, slot, "force released", ended_by)
+            self._end(key, lease, "force released", ended_by)
             return True
 
     def warp(self, delta_ms: int) -> None:
@@ -132,7 +329,7 @@ class InMemoryStore(LockStore):
         with self._mutex:
             for key, lease in self._leases.items():
                 if not lease.released:
-                    self._mark_released(key, lease)
+                    self._mark_released(lease.base or key, lease, "force released", "locks.clear()")
 
     keeps_ended_leases = True  # a released or expired lease stays, as its key's token floor
 
@@ -163,18 +360,48 @@ class InMemoryStore(LockStore):
             return len(ended)
 
     @staticmethod
-    def _info(key: str, lease: _Lease, now: float) -> LeaseInfo:
+    def _holder(lease: _Lease, now: float) -> Holder:
+        """The lease's holder as people read it, ``expires_at`` on the wall clock (the same
+        in every listing: counted from ``acquired_at``)."""
+        try:
+            expires_at = lease.acquired_at + datetime.timedelta(
+                seconds=min(lease.expires_at - lease.started, _LONGEST)
+            )
+        except OverflowError:  # a ttl beyond the year 9999, from a caller of the store itself
+            expires_at = datetime.datetime.max.replace(tzinfo=datetime.UTC)
+        described = lease.described
+        return Holder.parse(
+            lease.holder,
+            kind=described.kind if described is not None else None,
+            detail=described.detail if described is not None else None,
+            since=lease.acquired_at,
+            expires_at=expires_at,
+        )
+
+    @classmethod
+    def _info(cls, key: str, lease: _Lease, now: float) -> LeaseInfo:
+        ended: EndReason | None
         if lease.released:
-            state, expires_in = "released", None
-        else:
-            state = "held" if lease.expires_at > now else "expired"
+            state, expires_in, ended = "released", None, lease.ended
+        elif lease.expires_at > now:
+            state, ended = "held", None
             expires_in = datetime.timedelta(seconds=min(lease.expires_at - now, _LONGEST))
+        else:
+            state, ended = "expired", lease.ended or "expired"
+            expires_in = datetime.timedelta(seconds=lease.expires_at - now)
+        holder = cls._holder(lease, now)
         return LeaseInfo(
             key=key,
             state=state,  # type: ignore[arg-type]
             owner=lease.owner,
-            holder=lease.holder,
+            holder=str(holder),
             fencing_token=lease.token,
             acquired_at=lease.acquired_at,
             expires_in=expires_in,
+            holder_info=holder,
+            ended=ended,
+            ended_by=lease.ended_by,
+            last_renewed=lease.renewed_at,
+            permit=lease.permit,
+            permits=lease.permits,
         )

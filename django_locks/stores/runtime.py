@@ -171,4 +171,7 @@ def translated(
             f"{what[:1].upper()}{what[1:]} did not answer{after}; the call was abandoned "
             "and its connection discarded."
         )
-    return StoreError(f"{what[:1].upper()}{what[1:]} failed a lock store call: {exc}{hint}")
+    error = str(exc).rstrip()
+    if hint and error and error[-1] not in ".!?":
+        error += "."  # the driver's message is a sentence of its own before the hint
+    return StoreError(f"{what[:1].upper()}{what[1:]} failed a lock store call: {error}{hint}")

@@ -26,14 +26,18 @@ from django_locks.durations import MAX_DURATION_MS
 from django_locks.stores.base import LockStore
 from django_locks.testing.capabilities import OptionalCapabilityCases
 from django_locks.testing.harness import POLL_LIMIT, WEEK_MS, new_owner
+from django_locks.testing.holder_cases import HolderCases
+from django_locks.testing.permit_cases import PermitCases
 
 
-class LockStoreContract(OptionalCapabilityCases):
+class LockStoreContract(OptionalCapabilityCases, HolderCases, PermitCases):
     """The store contract of ``django_locks.stores.base.LockStore``, checked on ``make_store()``.
 
     The required rules are checked here; the optional capabilities' cases come from
-    :class:`~django_locks.testing.capabilities.OptionalCapabilityCases` and skip themselves on a
-    store without the capability.
+    :class:`~django_locks.testing.capabilities.OptionalCapabilityCases` and
+    :class:`~django_locks.testing.holder_cases.HolderCases` and
+    :class:`~django_locks.testing.permit_cases.PermitCases` and skip themselves on a store
+    without the capability.
     """
 
     databases = "__all__"

@@ -11,7 +11,7 @@ from typing import Any
 
 from celery import current_task, shared_task
 
-from django_locks import current_lock, on_one_instance, without_overlapping
+from django_locks import current_lock, limit_concurrency, on_one_instance, without_overlapping
 from tests.children import env as _child
 
 
@@ -28,6 +28,7 @@ def record(name: str, **extra: Any) -> None:
         "beat": getattr(request, "django_locks_beat", None),
         "run_lock": lock.key if lock is not None else None,
         "run_token": lock.fencing_token if lock is not None else None,
+        "permit": lock.permit if lock is not None else None,
         **extra,
     }
     with open(_child.read("RUNS"), "a", encoding="utf-8") as fh:
@@ -85,3 +86,12 @@ def fenced(self: Any, product: str, value: int, pause_file: str) -> int:
     )
     record("fenced-end", value=value, written=written)
     return written
+
+
+@shared_task
+@limit_concurrency("limited:{tenant}", permits=2, ttl="2s")
+def limited(tenant: str, seconds: float) -> None:
+    """At most two runs per tenant at once, across every worker."""
+    record("limited-start", tenant=tenant)
+    time.sleep(seconds)
+    record("limited-end", tenant=tenant)

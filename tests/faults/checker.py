@@ -19,7 +19,16 @@ deadline, its loss, its release and its death. A window that ends before it star
 * ``stale_write``: a fenced write was accepted after a write with a greater token to the same row
   had finished (P4);
 * ``fenced_lost``: accepted fenced increments that the counter does not show (P4 for a
-  read-modify-write: claim, read, write, each fenced).
+  read-modify-write: claim, read, write, each fenced);
+* ``over_permits``: moments when more than N non-empty windows of a key taken with permits=N
+  were open at once (SPEC section 12): each window start that leaves more than N open counts
+  one; so does a window naming a permit outside 1..N.
+
+With permits (an ``ok`` names its ``permit`` and ``permits``), each permit is checked as a lock
+of its own: ``overlap``, ``token_order``, ``stale_write`` and ``fenced_lost`` per slot (the
+windows and rows of ``<key>#<permit>``, the resource its token fences), ``duplicate_token``
+across every slot of the key (its one sequence), and ``over_permits`` over the key's windows
+whatever permit they name.
 
 Figures: lateness of ``deadline`` losses (loss instant minus deadline, leaving out processes that
 were stopped at their deadline), takeover after a holder crash (kill to the next holder's
@@ -37,7 +46,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-VIOLATIONS = ("overlap", "token_order", "duplicate_token", "stale_write", "fenced_lost")
+VIOLATIONS = (
+    "overlap",
+    "token_order",
+    "duplicate_token",
+    "stale_write",
+    "fenced_lost",
+    "over_permits",
+)
 PAUSES = {"holder_pause", "leader_pause"}
 CRASHES = {"holder_kill", "leader_kill"}
 
@@ -49,10 +65,17 @@ class Window:
     pid: int
     start: float
     end: float
+    permit: int | None = None
+    permits: int = 1
 
     @property
     def empty(self) -> bool:
         return self.end <= self.start
+
+    @property
+    def slot(self) -> str:
+        """What must not overlap: the key, or with permits the permit's slot ``<key>#<n>``."""
+        return self.key if self.permit is None else f"{self.key}#{self.permit}"
 
 
 @dataclass
@@ -69,6 +92,7 @@ class Report:
     takeover: list[float] = field(default_factory=list)
     canary_lost: int = 0
     refused_fenced: int = 0
+    peak_holders: int = 0  # the most valid holders of one permits key at once
 
     @property
     def ok(self) -> bool:
@@ -96,6 +120,7 @@ class Report:
             f"max={f['lateness_max_ms']} (n={len(self.lateness)}) | takeover_s "
             f"p50={f['takeover_p50_s']} p99={f['takeover_p99_s']} (n={len(self.takeover)}) | "
             f"canary_lost_updates={self.canary_lost}"
+            + (f" | peak_holders={self.peak_holders}" if self.peak_holders else "")
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -110,6 +135,7 @@ class Report:
             "violations": {name: self.violations[name] for name in VIOLATIONS},
             "lost_by": dict(self.lost_by),
             "canary_lost": self.canary_lost,
+            "peak_holders": self.peak_holders,
             "lateness_n": len(self.lateness),
             "takeover_n": len(self.takeover),
             **self.figures(),
@@ -160,6 +186,7 @@ def check(events: list[dict[str, Any]]) -> Report:
 
     windows = _windows(by_kind, report)
     _check_windows(windows, report)
+    _check_permits(windows, report)
     _check_duplicates(by_kind["ok"], report)
     _check_writes(by_kind["write"], report)
     _check_counters(by_kind["write"], by_kind["counter"], report)
@@ -191,7 +218,15 @@ def _windows(by_kind: dict[str, list[dict[str, Any]]], report: Report) -> list[W
     for event in by_kind["ok"]:
         ident = (event["pid"], event["key"], event["token"])
         end = min(ends.get(ident, math.inf), deadlines[ident], deaths.get(event["pid"], math.inf))
-        window = Window(event["key"], event["token"], event["pid"], event["t"], end)
+        window = Window(
+            event["key"],
+            event["token"],
+            event["pid"],
+            event["t"],
+            end,
+            event.get("permit"),
+            event.get("permits") or 1,
+        )
         report.acquisitions += 1
         if window.empty:
             report.late_oks += 1
@@ -217,7 +252,7 @@ def _check_windows(windows: list[Window], report: Report) -> None:
     per_key: dict[str, list[Window]] = defaultdict(list)
     for window in windows:
         if not window.empty:
-            per_key[window.key].append(window)
+            per_key[window.slot].append(window)
     for key, held in per_key.items():
         held.sort(key=lambda w: w.start)
         latest: Window | None = None
@@ -239,6 +274,46 @@ def _check_windows(windows: list[Window], report: Report) -> None:
             top_token = max(top_token, window.token)
             if latest is None or window.end > latest.end:
                 latest = window
+
+
+def _check_permits(windows: list[Window], report: Report) -> None:
+    """Sweep each permits key's windows in time order, counting the open ones (a window ending
+    at the instant another starts is closed first: validity ends before its deadline)."""
+    per_key: dict[str, list[Window]] = defaultdict(list)
+    for window in windows:
+        if not window.empty and window.permit is not None:
+            per_key[window.key].append(window)
+    for key, held in per_key.items():
+        limit = min(w.permits for w in held)
+        for w in held:
+            if not 1 <= (w.permit or 0) <= limit:
+                report.violations["over_permits"] += 1
+                report.details.append(
+                    f"permit {w.permit} of {key!r} (permits={limit}): token {w.token} "
+                    f"(pid {w.pid}) at {w.start:.3f}"
+                )
+        steps = sorted(
+            [(w.start, 1, i) for i, w in enumerate(held)]
+            + [(w.end, 0, i) for i, w in enumerate(held)]
+        )
+        open_now: set[int] = set()
+        for instant, starts, i in steps:
+            if not starts:
+                open_now.discard(i)
+                continue
+            open_now.add(i)
+            report.peak_holders = max(report.peak_holders, len(open_now))
+            if len(open_now) > limit:
+                report.violations["over_permits"] += 1
+                holders = ", ".join(
+                    f"permit {held[j].permit} token {held[j].token} (pid {held[j].pid}) "
+                    f"{held[j].start:.3f}..{held[j].end:.3f}"
+                    for j in sorted(open_now, key=lambda j: held[j].start)
+                )
+                report.details.append(
+                    f"{len(open_now)} holders of {key!r} (permits={limit}) at {instant:.3f}: "
+                    f"{holders}"
+                )
 
 
 def _check_duplicates(oks: list[dict[str, Any]], report: Report) -> None:
@@ -331,9 +406,14 @@ def _lateness(
 
 
 def _takeover(by_kind: dict[str, list[dict[str, Any]]], report: Report) -> None:
+    # With permits, a crashed holder's takeover is the next acquire of its own slot (another
+    # slot may well be free sooner).
     starts: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    slots: dict[tuple[int, str, int], str] = {}
     for event in by_kind["ok"]:
-        starts[event["key"]].append((event["t"], event["pid"]))
+        slot = event["key"] if event.get("permit") is None else f"{event['key']}#{event['permit']}"
+        slots[(event["pid"], event["key"], event["token"])] = slot
+        starts[slot].append((event["t"], event["pid"]))
     for write in by_kind["write"]:
         if write["kind"] == "leader" and write["accepted"]:
             starts[write["key"]].append((write["start"], write["pid"]))
@@ -342,6 +422,7 @@ def _takeover(by_kind: dict[str, list[dict[str, Any]]], report: Report) -> None:
     for fault in by_kind["fault"]:
         if fault["kind"] not in CRASHES or fault.get("key") is None:
             continue
-        after = [t for t, pid in starts[fault["key"]] if t > fault["start"] and pid != fault["pid"]]
+        slot = slots.get((fault["pid"], fault["key"], fault.get("token", -1)), fault["key"])
+        after = [t for t, pid in starts[slot] if t > fault["start"] and pid != fault["pid"]]
         if after:
             report.takeover.append(after[0] - fault["start"])

@@ -1,5 +1,5 @@
 """One fault run: servers, worker processes, a nemesis injecting one kind of fault every ~10 s
-(with jitter), then the checker on the recorded history.
+(with jitter; tests/faults/nemesis.py), then the checker on the recorded history.
 
 ``run(RunConfig(scenario=..., store=..., duration=..., seed=...))`` returns the checker's
 ``Report``; its ``summary()`` is the run's one line. The run's directory keeps every history file
@@ -23,12 +23,12 @@ from typing import Any
 
 from tests.children.env import child_env
 from tests.faults.checker import Report, check, read_history
+from tests.faults.nemesis import LEADER_KEY, Nemesis, Tracker
 from tests.faults.proxy import Proxy
-from tests.faults.servers import ROOT, Servers, pause_redis, start_redis
+from tests.faults.servers import ROOT, Servers, start_redis
 from tests.faults.worker import History
 
 LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
-LEADER_KEY = "tests:fenced-writer"  # tests/testapp/leaders.py
 
 SCENARIOS: dict[str, str] = {
     "baseline": "contention only, no fault",
@@ -45,13 +45,23 @@ SCENARIOS: dict[str, str] = {
     "PgBouncer (transaction mode), holders paused",
     "holder_kill": "a holder SIGKILLed (a replacement worker starts)",
     "leader": "run_leader processes: the leader SIGKILLed or SIGSTOPped, fenced leader writes",
+    "permits": "8 workers on one key with permits=3: one to three holders paused, killed or "
+    "their connections hung at once, in turn",
 }
 ONLY = {"store_restart_everysec": "redis", "atomic_pgbouncer": "postgres"}
 CI_SCENARIOS = ("baseline", "holder_pause", "hung_connection", "delayed_write")
-LONG_SECTIONS = {"hung_connection", "store_pause"}
+LONG_SECTIONS = {"hung_connection": 3, "store_pause": 3, "permits": 2}
 """A critical section of at most 2 s ends before the deadline of a 2 s lease (1.98 s after the
 last renewal sent), so a store that stops answering would never cost a lock: under these faults
-sections last up to 3 ttl, so that the loss, and how late it is announced, is measured."""
+sections last up to this many ttl, so that the loss, and how late it is announced, is
+measured."""
+DEFAULTS: dict[str, Any] = {"workers": 6, "keys": 3, "permits": 1, "interval": 10.0}
+OWN_DEFAULTS: dict[str, dict[str, Any]] = {
+    # One key, so that all 8 workers contend for its 3 permits; a fault every ~7 s, so that each
+    # of the three kinds strikes about three times in 60 s.
+    "permits": {"workers": 8, "keys": 1, "permits": 3, "interval": 7.0},
+}
+"""What a RunConfig field left at 0 means, by scenario."""
 
 
 @dataclass
@@ -60,11 +70,12 @@ class RunConfig:
     store: str
     duration: float = 30.0
     seed: int = 1
-    workers: int = 6
-    keys: int = 3
+    workers: int = 0  # 0: the scenario's (DEFAULTS, OWN_DEFAULTS), as for the next three
+    keys: int = 0
+    permits: int = 0  # 1: plain locks
     ttl: float = 2.0
-    cs_max: float | None = None  # seconds; 2, or 3 ttl for LONG_SECTIONS
-    interval: float = 10.0
+    cs_max: float | None = None  # seconds; 2, or LONG_SECTIONS' ttl multiple
+    interval: float = 0.0
     out: Path | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -75,52 +86,14 @@ class RunConfig:
             raise ValueError(f"`store` must be 'postgres' or 'redis', got {self.store!r}")
         if ONLY.get(self.scenario, self.store) != self.store:
             raise ValueError(f"{self.scenario} runs on {ONLY[self.scenario]} only")
+        for name, value in (DEFAULTS | OWN_DEFAULTS.get(self.scenario, {})).items():
+            if not getattr(self, name):
+                setattr(self, name, value)
         if self.cs_max is None:
-            self.cs_max = 3 * self.ttl if self.scenario in LONG_SECTIONS else 2.0
+            self.cs_max = LONG_SECTIONS.get(self.scenario, 0) * self.ttl or 2.0
 
 
-class Tracker:
-    """Follows the workers' histories as they grow: who holds which key right now."""
-
-    def __init__(self) -> None:
-        self.files: dict[int, tuple[Path, int]] = {}  # pid -> (path, offset)
-        self.holding: dict[int, tuple[str, int]] = {}  # pid -> (key, token)
-        self.until: dict[int, float] = {}  # pid -> end of its current critical section
-        self.deadline: dict[int, float] = {}  # pid -> its current holder deadline
-
-    def follow(self, pid: int, path: Path) -> None:
-        self.files[pid] = (path, 0)
-
-    def holders(self) -> list[tuple[int, str, int]]:
-        for pid, (path, offset) in list(self.files.items()):
-            try:
-                with open(path, encoding="utf-8") as fh:
-                    fh.seek(offset)
-                    data = fh.read()
-            except FileNotFoundError:
-                continue
-            complete = data[: data.rfind("\n") + 1]
-            self.files[pid] = (path, offset + len(complete.encode()))
-            for line in complete.splitlines():
-                event = json.loads(line)
-                if event["e"] == "ok":
-                    self.holding[pid] = (event["key"], event["token"])
-                    self.until[pid] = event["t"]
-                    self.deadline[pid] = event["deadline"]
-                elif event["e"] == "deadline":
-                    self.deadline[pid] = event["deadline"]
-                elif event["e"] == "cs":
-                    self.until[pid] = event["until"]
-                elif event["e"] in ("release", "lost", "exit"):
-                    self.holding.pop(pid, None)
-        return [(pid, key, token) for pid, (key, token) in self.holding.items()]
-
-    def forget(self, pid: int) -> None:
-        self.files.pop(pid, None)
-        self.holding.pop(pid, None)
-
-
-class Run:
+class Run(Nemesis):
     def __init__(self, config: RunConfig, servers: Servers) -> None:
         self.config = config
         self.servers = servers
@@ -141,6 +114,7 @@ class Run:
         self.stop = threading.Event()
         self.stop_at = 0.0
         self.spawned = 0
+        self.rotation: list[str] = []
 
     # Setting up.
 
@@ -178,6 +152,7 @@ class Run:
             "ttl": self.config.ttl,
             "cs_max": self.config.cs_max,
             "keys": self.keys,
+            "permits": self.config.permits,
             "stop_at": self.stop_at,
             "store": spec,
             "atomic": self.config.scenario == "atomic_pgbouncer",
@@ -235,183 +210,18 @@ class Run:
         self.procs[proc.pid] = proc
         return proc.pid
 
-    # The nemesis.
-
-    def pick_holder(self) -> tuple[int, str, int] | None:
-        """A worker holding a lock, preferably one whose critical section goes on for a second
-        more and past its current deadline (so that a fault strikes while it works)."""
-        give_up = time.monotonic() + 3
-        holders: list[tuple[int, str, int]] = []
-        while time.monotonic() < give_up and not self.stop.is_set():
-            holders = [h for h in self.tracker.holders() if h[0] not in self.stopped]
-            now = time.monotonic()
-            busy = [
-                h
-                for h in holders
-                if self.tracker.until.get(h[0], 0)
-                > max(now + 1, self.tracker.deadline.get(h[0], 0) + 0.2)
-            ]
-            if busy:
-                return self.rng.choice(busy)
-            time.sleep(0.02)
-        return self.rng.choice(holders) if holders else None
-
-    def current_leader(self) -> int | None:
-        rows = self.servers.sql(
-            "SELECT pid FROM testapp_leaderwrite WHERE accepted ORDER BY id DESC LIMIT 1"
-        )
-        return int(rows[0][0]) if rows else None
-
-    def duration(self) -> float:
-        return self.rng.uniform(0.5, 3.0) * self.config.ttl
-
-    def nemesis(self) -> None:
-        scenario = self.config.scenario
-        next_at = time.monotonic() + self.rng.uniform(0.5, 1.2) * self.config.interval
-        while True:
-            if self.stop.wait(max(0.0, next_at - time.monotonic())):
-                return
-            if time.monotonic() > self.stop_at - 2:
-                return
-            if scenario != "baseline":
-                getattr(self, f"fault_{scenario}", self.fault_none)()
-            next_at += self.rng.uniform(0.7, 1.3) * self.config.interval
-
-    def fault_none(self) -> None:
-        pass
-
-    def _stop_process(self, kind: str, pid: int, key: str, token: int | None) -> None:
-        pause = self.duration()
-        start = time.monotonic()
-        os.kill(pid, signal.SIGSTOP)
-        self.stopped.add(pid)
-        self.stop.wait(pause)
-        os.kill(pid, signal.SIGCONT)
-        self.stopped.discard(pid)
-        self.record(
-            "fault", kind=kind, pid=pid, key=key, token=token, start=start, end=time.monotonic()
-        )
-
-    def fault_holder_pause(self) -> None:
-        holder = self.pick_holder()
-        if holder is not None:
-            self._stop_process("holder_pause", *holder)
-
-    fault_atomic_pgbouncer = fault_holder_pause
-
-    def fault_request_pause(self) -> None:
-        holder = self.pick_holder()
-        if holder is not None:
-            pid, key, token = holder
-            now = time.monotonic()
-            os.kill(pid, signal.SIGUSR2)  # the worker draws the delay and records it
-            self.record(
-                "fault", kind="request_pause", pid=pid, key=key, token=token, start=now, end=now
-            )
-
-    def fault_delayed_write(self) -> None:
-        holder = self.pick_holder()
-        if holder is not None:
-            pid, key, token = holder
-            now = time.monotonic()
-            os.kill(pid, signal.SIGUSR1)
-            self.record(
-                "fault", kind="delayed_write", pid=pid, key=key, token=token, start=now, end=now
-            )
-
-    def fault_hung_connection(self) -> None:
-        holder = self.pick_holder()
-        if holder is None or self.proxy is None:
-            return
-        pid, key, token = holder
-        route = self.routes[pid]
-        start = time.monotonic()
-        self.proxy.hang(route)
-        self.stop.wait(self.duration())
-        self.proxy.resume(route)
-        self.record(
-            "fault",
-            kind="hung_connection",
-            pid=pid,
-            key=key,
-            token=token,
-            start=start,
-            end=time.monotonic(),
-        )
-
-    def fault_store_pause(self) -> None:
-        start = time.monotonic()
-        self.pause_store(True)
-        self.stop.wait(self.duration())
-        self.pause_store(False)
-        self.record("fault", kind="store_pause", pid=None, start=start, end=time.monotonic())
-
-    def pause_store(self, paused: bool) -> None:
-        if self.config.store == "redis":
-            pause_redis(self.redis, paused)
-        else:
-            self.servers.pause_postgres(paused)
-
-    def fault_store_restart(self) -> None:
-        start = time.monotonic()
-        if self.config.store == "redis":
-            self.redis.kill()
-            self.redis.start()
-        else:
-            self.servers.restart_postgres()
-        self.record("fault", kind="store_restart", pid=None, start=start, end=time.monotonic())
-
-    fault_store_restart_everysec = fault_store_restart
-
-    def fault_wallclock(self) -> None:
-        holder = self.pick_holder()
-        if holder is None:
-            return
-        pid, key, token = holder
-        offset = self.rng.choice(["+3600", "-3600", "+86400", "-86400", "+600", "-600"])
-        now = time.monotonic()
-        self.faketime[pid].write_text(offset + "\n")
-        self.record(
-            "fault",
-            kind="wallclock",
-            pid=pid,
-            key=key,
-            token=token,
-            offset=offset,
-            start=now,
-            end=now,
-        )
-
-    def fault_holder_kill(self) -> None:
-        holder = self.pick_holder()
-        if holder is None:
-            return
-        pid, key, token = holder
-        now = time.monotonic()
-        os.kill(pid, signal.SIGKILL)
-        self.record("fault", kind="holder_kill", pid=pid, key=key, token=token, start=now, end=now)
-        self.procs[pid].wait(10)
-        self.tracker.forget(pid)
-        self.spawn_worker()
-
-    def fault_leader(self) -> None:
-        pid = self.current_leader()
-        if pid is None or pid not in self.procs or self.procs[pid].poll() is not None:
-            return
-        if self.rng.random() < 0.5:
-            now = time.monotonic()
-            os.kill(pid, signal.SIGKILL)
-            self.record("fault", kind="leader_kill", pid=pid, key=LEADER_KEY, start=now, end=now)
-            self.procs[pid].wait(10)
-            self.spawn_leader()
-        else:
-            self._stop_process("leader_pause", pid, LEADER_KEY, None)
-
     # The run.
+
+    def rows(self) -> list[str]:
+        """The protected rows' keys: one per key, or with permits one per permit (``k#n``), the
+        resource a permit's token fences (SPEC section 6)."""
+        if self.config.permits == 1:
+            return self.keys
+        return [f"{key}#{n}" for key in self.keys for n in range(1, self.config.permits + 1)]
 
     def execute(self) -> Report:
         config = self.config
-        self.servers.reset(self.keys)
+        self.servers.reset(self.rows())
         # The run_leader writer's own row (tests/testapp/leaders.py): fenced increments.
         self.servers.sql(
             "INSERT INTO testapp_stockcount (product, count, fencing_token) VALUES (%s, 0, 0)",
@@ -420,7 +230,7 @@ class Run:
         if config.store == "redis":
             fsync = "everysec" if config.scenario == "store_restart_everysec" else "always"
             self.redis = start_redis(fsync)
-        if config.scenario == "hung_connection":
+        if config.scenario in ("hung_connection", "permits"):
             self.proxy = Proxy().start()
         warmup = 3.0
         self.stop_at = time.monotonic() + warmup + config.duration

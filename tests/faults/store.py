@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from django_locks.stores.base import LockStore
+from django_locks.holders import Holder
+from django_locks.stores.base import LeaveReason, LockStore, PermitGrant, ReleaseReason
 
 
 def build_store(spec: dict[str, Any]) -> LockStore:
@@ -22,9 +23,14 @@ def build_store(spec: dict[str, Any]) -> LockStore:
 
 
 class DelayingStore(LockStore):
-    """Delegates to ``inner``; once armed, the next ``acquire`` or ``renew`` is sent and served
-    at once but its answer reaches the caller only ``delay`` seconds later: a process paused
-    right after sending a request (the late "OK" must not count)."""
+    """Delegates to ``inner``; once armed, the next acquire (``acquire``, ``acquire_as``,
+    ``acquire_permit``) or renewal (``renew``, ``renew_many``) is sent and served at once but its
+    answer reaches the caller only ``delay`` seconds later: a process paused right after sending
+    a request (the late "OK" must not count).
+
+    It forwards every method the service calls (the holder-recording acquire, ``end`` and
+    ``leave``, batched renewals, permits), so that the workers run the store's own code paths,
+    as a process of the project would."""
 
     def __init__(self, inner: LockStore, record: Callable[..., None]) -> None:
         self.inner = inner
@@ -53,14 +59,61 @@ class DelayingStore(LockStore):
             self._hold_back("acquire", key, sent, token)
         return token
 
+    def acquire_as(
+        self, key: str, owner: str, ttl_ms: int, holder: Holder, *, timeout: float | None = None
+    ) -> int | Holder | None:
+        sent = time.monotonic()
+        token = self.inner.acquire_as(key, owner, ttl_ms, holder, timeout=timeout)
+        if isinstance(token, int):
+            self._hold_back("acquire", key, sent, token)
+        return token
+
+    @property
+    def supports_permits(self) -> bool:  # type: ignore[override]
+        return self.inner.supports_permits
+
+    def acquire_permit(
+        self,
+        key: str,
+        owner: str,
+        ttl_ms: int,
+        permits: int,
+        holder: Holder,
+        *,
+        timeout: float | None = None,
+    ) -> PermitGrant | Holder | None:
+        sent = time.monotonic()
+        grant = self.inner.acquire_permit(key, owner, ttl_ms, permits, holder, timeout=timeout)
+        if isinstance(grant, PermitGrant):
+            self._hold_back("acquire", key, sent, list(grant))
+        return grant
+
     def renew(self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None) -> bool:
         sent = time.monotonic()
         renewed = self.inner.renew(key, owner, ttl_ms, timeout=timeout)
         self._hold_back("renew", key, sent, renewed)
         return renewed
 
+    def renew_many(
+        self, leases: Sequence[tuple[str, str, int]], *, timeout: float | None = None
+    ) -> list[bool]:
+        sent = time.monotonic()
+        renewed = self.inner.renew_many(leases, timeout=timeout)
+        self._hold_back("renew", ",".join(key for key, _, _ in leases), sent, renewed)
+        return renewed
+
     def release(self, key: str, owner: str, *, timeout: float | None = None) -> bool:
         return self.inner.release(key, owner, timeout=timeout)
+
+    def end(
+        self, key: str, owner: str, how: ReleaseReason, *, timeout: float | None = None
+    ) -> bool:
+        return self.inner.end(key, owner, how, timeout=timeout)
+
+    def leave(
+        self, key: str, owner: str, ttl_ms: int, how: LeaveReason, *, timeout: float | None = None
+    ) -> bool:
+        return self.inner.leave(key, owner, ttl_ms, how, timeout=timeout)
 
     def wait_for_release(self, key: str, timeout: float) -> bool:
         return self.inner.wait_for_release(key, timeout)

@@ -5,8 +5,10 @@ does a fenced read-modify-write of the key's counter row (a fenced *claim* that 
 on the row, a read, the critical section, a fenced write of read + 1) and the same read-modify-
 write unfenced on a second row (the canary). The writes are made whether or not the lock is still
 held at the end: they stand for writes already in flight when a fault struck, which fencing must
-refuse and the canary accepts. Every step goes to a JSON-lines history stamped with
-``time.monotonic()``, one clock for every process of this machine.
+refuse and the canary accepts. With ``permits`` above 1 (the permits scenario) each lock is one
+of the key's permits and the rows are the permit's own (``f:<key>#<permit>``): a permit's token
+fences the resource of that permit only (SPEC section 6). Every step goes to a JSON-lines history
+stamped with ``time.monotonic()``, one clock for every process of this machine.
 
 Run by the harness as ``python -m tests.faults.worker`` with DJANGO_LOCKS_TEST_FAULTS_WORKER (JSON)
 set.
@@ -164,26 +166,28 @@ def main() -> None:
 
         threading.Thread(target=run, name="delayed-write").start()
 
-    def critical_section(lock: Any, key: str) -> None:
+    def critical_section(lock: Any, base: str) -> None:
         token = lock.fencing_token
+        # Events name the key asked for; writes name the row they go to (the permit's own).
+        key = base if lock.permit is None else f"{base}#{lock.permit}"
         claimed = write(
             "claim", key, token, lambda: fenced_update(rows("f", key), lock, count=F("count"))
         )
         fenced_read = rows("f", key).values_list("count", flat=True).get()
         canary_read = rows("c", key).values_list("count", flat=True).get()
         until = time.monotonic() + rng.uniform(0, config["cs_max"])
-        record("cs", key=key, token=token, until=until)
+        record("cs", key=base, token=token, until=until)
         deadline = lock.deadline
         while (remaining := until - time.monotonic()) > 0:
             if lock.signal.wait(min(remaining, 0.1)):
                 break
             if lock.deadline != deadline:
                 deadline = lock.deadline
-                record("deadline", key=key, token=token, deadline=deadline)
+                record("deadline", key=base, token=token, deadline=deadline)
         if delay_write.is_set():
             delay_write.clear()
             delay = rng.uniform(1.5, 3.0) * ttl
-            record("delay_write", key=key, token=token, delay=delay)
+            record("delay_write", key=base, token=token, delay=delay)
             if claimed:
                 delayed(key, token, fenced_read + 1, canary_read + 1, delay)
             return
@@ -207,6 +211,7 @@ def main() -> None:
         pass
 
     keys = config["keys"]
+    permits = int(config.get("permits") or 1)
     while not stopping.is_set() and time.monotonic() < stop_at:
         key = rng.choice(keys)
         wait = rng.uniform(0, 2 * ttl)
@@ -217,7 +222,7 @@ def main() -> None:
                 lock = None
                 try:
                     with transaction.atomic():
-                        lock = locks.acquire(key, wait=wait)
+                        lock = locks.acquire(key, wait=wait, permits=permits)
                         StockCount.objects.filter(product=f"c:{key}").update(count=F("count"))
                         raise Rollback
                 except Rollback:
@@ -227,7 +232,7 @@ def main() -> None:
                 record("rolled_back", key=key, token=lock.fencing_token, held=lock.held)
                 block: Any = lock
             else:
-                block = locks.lock(key, wait=wait)
+                block = locks.lock(key, wait=wait, permits=permits)
             with block as lock:
                 keepers[lock.fencing_token] = lock
                 record(
@@ -236,6 +241,8 @@ def main() -> None:
                     token=lock.fencing_token,
                     owner=lock.owner,
                     deadline=lock.deadline,
+                    permit=lock.permit,
+                    permits=permits,
                 )
                 try:
                     critical_section(lock, key)

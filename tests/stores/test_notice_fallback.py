@@ -136,7 +136,7 @@ def test_a_waiter_outlives_its_listen_session_terminated_again_and_again(
     assert not store.wait_for_release(name(), 0.5)  # the listener connects
     eventually(lambda: listening(store), timeout=10, what="the listener listens")
     with caplog.at_level(logging.DEBUG, logger="django_locks"):
-        wait_through_kills(pg_locks, lambda: terminate_listeners(sql))
+        wait_through_kills(pg_locks, lambda: terminate_listeners(sql)).release()
     assert "Listening for release notices on 'postgres' failed" in caplog.text
     # The session comes back by itself; waiters are woken by notices again.
     eventually(lambda: listening(store), timeout=10, what="the listener listens again")
@@ -184,7 +184,7 @@ def test_a_waiter_outlives_its_blpop_connection_killed_again_and_again(
     redis_locks: Locks, redis_server: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     with redis_server.client() as client, caplog.at_level(logging.DEBUG, logger="django_locks"):
-        wait_through_kills(redis_locks, lambda: kill_blocked(client))
+        wait_through_kills(redis_locks, lambda: kill_blocked(client)).release()
     assert_fast_handoffs(redis_locks)
 
 
@@ -202,7 +202,7 @@ def test_a_waiter_outlives_client_kill_type_normal(redis_locks: Locks, redis_ser
             killed_all.append(client.execute_command("CLIENT", "KILL", "TYPE", "normal"))
             return int(killed_all[0])
 
-        wait_through_kills(redis_locks, kill)
+        wait_through_kills(redis_locks, kill).release()
     assert killed_all and killed_all[0] >= 2  # the waiter's and the store's idle connections
     assert_fast_handoffs(redis_locks)
 

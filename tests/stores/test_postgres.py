@@ -3,8 +3,11 @@ transactions, killed holders, fork, hung calls, test database teardown)."""
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,12 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.core.management import call_command
 from django.db import connections, transaction
 
 from django_locks.exceptions import StoreError, StoreTimeoutError
+from django_locks.holders import Holder
 from django_locks.models import Lease
 from django_locks.stores.database import DatabaseStore
 from django_locks.stores.database.operations import SEQUENCE
+from django_locks.testing.holder_cases import WORKER
 from tests.children.env import child_env, read
 from tests.waiting import eventually
 
@@ -252,9 +258,14 @@ def test_leases_are_listed_on_the_databases_clock(store):
     store.acquire(name, "owner", 60_000)
     (info,) = [lease for lease in store.leases() if lease.key == name]
     assert info.state == "held"
-    assert info.holder == f"{os.uname().nodename}:{os.getpid()}"
+    holder = info.holder_info
+    assert holder is not None and holder.address == f"{os.uname().nodename}:{os.getpid()}"
+    assert (holder.kind, info.holder) == ("process", str(holder))  # a plain acquire()
     assert info.acquired_at is not None and info.acquired_at.tzinfo is not None
     assert info.expires_in is not None and 55 < info.expires_in.total_seconds() <= 60
+    assert holder.since == info.acquired_at and holder.expires_at is not None
+    assert holder.expires_at.utcoffset() == datetime.timedelta(0)
+    assert 59.9 < (holder.expires_at - holder.since).total_seconds() < 60.5
 
 
 def test_the_table_missing_is_a_warning_only_under_check_database(store, sql):
@@ -268,6 +279,52 @@ def test_the_table_missing_is_a_warning_only_under_check_database(store, sql):
         query(sql, "ALTER TABLE django_locks_lease_away RENAME TO django_locks_lease")
     assert [m.id for m in messages] == ["django_locks.W102"]
     assert "migrate" in messages[0].hint
+
+
+def test_a_failed_acquire_that_names_its_holder_is_one_statement(store, sql, postgres_server):
+    """Counted by the server itself: with ``log_statement = 'all'`` for the test database's new
+    sessions, PostgreSQL logs every statement it receives, prefixed with the pid of the backend
+    that received it (``log_line_prefix`` '%m [%p] '); the lines of the store's own session are
+    counted in the server's log. A failed acquire was ONE statement before this release (0.1.0
+    and 0002: ``SELECT django_locks_acquire(...)``, which answered NULL, holder unknown), and
+    still is, the holder now in its answer; so are a plain acquire, renew, leave and end."""
+    database = connections["postgres"].settings_dict["NAME"]
+    name, rounds = key(), 20
+    other = DatabaseStore("postgres")
+    query(sql, f"ALTER DATABASE {database} SET log_statement = 'all'")  # for new sessions
+    try:
+        assert isinstance(other.acquire_as(name, "holder", 60_000, WORKER), int)
+        # The store's first call opens its session (the connection's own statements are not
+        # an acquire's): counted from the second on.
+        assert isinstance(store.acquire_as(name, "refused", 60_000, WORKER), Holder)
+        pid = backend_pid(store)
+        with open(postgres_server.log, "rb") as log:
+            log.seek(0, os.SEEK_END)
+            found = [store.acquire_as(name, "refused", 60_000, WORKER) for _ in range(rounds)]
+            failed = statements(log, pid)
+            assert store.acquire(name, "refused", 60_000) is None
+            plain = statements(log, pid)
+            mine = key()
+            assert isinstance(store.acquire_as(mine, "me", 60_000, WORKER), int)
+            assert store.renew(mine, "me", 60_000)
+            assert store.leave(mine, "me", 60_000, "lapsed")
+            assert store.end(mine, "me", "released")
+            others = statements(log, pid)
+    finally:
+        query(sql, f"ALTER DATABASE {database} RESET log_statement")
+        other.close()
+    assert all(isinstance(holder, Holder) and holder.detail == WORKER.detail for holder in found)
+    assert len(failed) == rounds, failed
+    assert len(plain) == 1, plain
+    assert len(others) == 4, others
+    print(f"{rounds} failed acquires naming their holder: {len(failed)} statements")
+
+
+def statements(log: Any, pid: int) -> list[str]:
+    """The statements the backend ``pid`` logged since the last read of ``log``."""
+    logged = re.compile(rf"\[{pid}\] LOG:  (?:statement|execute [^:]*): (.*)")
+    lines = log.read().decode(errors="replace").splitlines()
+    return [m.group(1) for line in lines if (m := logged.search(line)) is not None]
 
 
 def test_a_release_wakes_one_waiting_thread_of_a_process(store):
@@ -316,7 +373,9 @@ def test_acquire_and_release_call_the_stores_sql_functions(sql):
             return dict(cursor.fetchall())
 
         # Each session reports its statistics now and then, and at its end: wait for them all.
-        expected = {"django_locks_acquire": 3, "django_locks_release": 3}
+        # This release acquires with 0005's function (which refuses keys held by permits) and
+        # releases with 0003's (0002's are kept for 0.1.0 processes, 0003's acquire for 0.2.0).
+        expected = {"django_locks_acquire_plain": 3, "django_locks_end": 3}
         try:
             eventually(
                 lambda: calls() == expected, timeout=10, every=0.05, what="function statistics"
@@ -328,41 +387,126 @@ def test_acquire_and_release_call_the_stores_sql_functions(sql):
         store.close()
 
 
-def test_a_release_commits_without_waiting_for_the_disk_in_its_own_transaction_only(store, sql):
+@pytest.mark.parametrize(
+    "release",
+    ["SELECT django_locks_release(%s, %s)", "SELECT django_locks_end(%s, %s, 'released')"],
+    ids=["0002", "0003"],
+)
+def test_a_release_commits_without_waiting_for_the_disk_in_its_own_transaction_only(
+    store, sql, release
+):
     name = key()
     assert store.acquire(name, "owner", 60_000) is not None
     query(sql, "BEGIN")
-    assert query(sql, "SELECT django_locks_release(%s, %s)", name, "owner") == (True,)
+    assert query(sql, release, name, "owner") == (True,)
     assert query(sql, "SHOW synchronous_commit") == ("off",)  # for this commit
     query(sql, "COMMIT")
     assert query(sql, "SHOW synchronous_commit") == ("on",)  # no session state left behind
-    assert query(sql, "SELECT django_locks_release(%s, %s)", name, "owner") == (False,)
+    assert query(sql, release, name, "owner") == (False,)
     assert query(sql, "SHOW synchronous_commit") == ("on",)  # nothing freed: an ordinary commit
     assert store.acquire(name, "next", 60_000) is not None
+
+
+FUNCTIONS = {
+    "django_locks_acquire(text, text, text, bigint)": "away_a",
+    "django_locks_release(text, text)": "away_r",
+    "django_locks_acquire_as(text, text, text, text, text, bigint)": "away_as",
+    "django_locks_end(text, text, text)": "away_e",
+    "django_locks_acquire_plain(text, text, text, text, text, bigint)": "away_ap",
+    "django_locks_acquire_permit(text, text, text, text, text, bigint, integer)": "away_pe",
+    "django_locks_renew_slots(text[], text[], bigint[], text[], text)": "away_rs",
+    "django_locks_end_slot(text, text, text, text, text)": "away_es",
+    "django_locks_force_end(text, text)": "away_fe",
+}
+
+
+@contextlib.contextmanager
+def functions_away(sql: Any, *signatures: str) -> Iterator[None]:
+    """The store's SQL functions of ``signatures`` renamed away meanwhile (a restored dump)."""
+    for signature in signatures:
+        query(sql, f"ALTER FUNCTION {signature} RENAME TO {FUNCTIONS[signature]}")
+    try:
+        yield
+    finally:
+        for signature in signatures:
+            name, _, args = signature.partition("(")
+            away = f"{FUNCTIONS[signature]}({args}"
+            if query(sql, "SELECT to_regprocedure(%s) IS NOT NULL", signature)[0]:
+                query(sql, f"DROP FUNCTION {away}")  # made again meanwhile
+            else:
+                query(sql, f"ALTER FUNCTION {away} RENAME TO {name}")
 
 
 def test_without_the_sql_functions_the_store_sends_the_statements_and_warns(
     store, sql, caplog
 ) -> None:
-    query(sql, "ALTER FUNCTION django_locks_acquire(text, text, text, bigint) RENAME TO away_a")
-    query(sql, "ALTER FUNCTION django_locks_release(text, text) RENAME TO away_r")
-    try:
+    with functions_away(sql, *FUNCTIONS):
         name = key()
-        first = store.acquire(name, "one", 60_000)
-        assert first is not None
-        assert store.acquire(name, "two", 60_000) is None  # taken: the statement's answer
-        assert store.release(name, "one") and not store.release(name, "one")
+        first = store.acquire_as(name, "one", 60_000, WORKER)
+        assert isinstance(first, int)
+        # Taken: the statement's answer, without the holder (the functions read it).
+        assert store.acquire_as(name, "two", 60_000, WORKER) is None
+        assert store.acquire(name, "two", 60_000) is None
+        assert store.leave(name, "one", 60_000, "lapsed")
+        info = store.lease(name)
+        assert info is not None and info.holder_info is not None
+        assert (info.holder_info.kind, info.holder_info.detail) == (WORKER.kind, WORKER.detail)
+        assert store.end(name, "one", "handed back") and not store.release(name, "one")
+        ended = store.lease(name, include_inactive=True)
+        assert ended is not None and ended.ended == "handed back"
         second = store.acquire(name, "two", 60_000)
         assert second is not None and second > first
         assert not store._pools.ops.functions
         assert "migrate django_locks --database postgres" in caplog.text
         messages = store.check(databases=["postgres"])
-    finally:
-        query(sql, "ALTER FUNCTION away_a(text, text, text, bigint) RENAME TO django_locks_acquire")
-        query(sql, "ALTER FUNCTION away_r(text, text) RENAME TO django_locks_release")
     assert [m.id for m in messages] == ["django_locks.W102"]
     assert "SQL functions" in messages[0].msg
+    for signature in FUNCTIONS:
+        assert signature.partition("(")[0] in messages[0].msg
     assert store.check(databases=["postgres"]) == []
+
+
+def test_the_missing_functions_hint_brings_them_back(store, sql) -> None:
+    """W102's hint, followed to the letter, makes 0002's and 0003's functions again."""
+    name = key()
+    assert store.acquire_as(name, "one", 60_000, WORKER) is not None
+    with functions_away(sql, *FUNCTIONS):
+        (message,) = store.check(databases=["postgres"])
+        commands = re.findall(r"`manage.py ([^`]*)`", message.hint)
+        assert commands == [
+            "migrate django_locks 0002 --database postgres",
+            "migrate django_locks 0001 --fake --database postgres",
+            "migrate django_locks --database postgres",
+        ], message.hint
+        for command in commands:
+            call_command(*command.split(), verbosity=0)
+        assert store.check(databases=["postgres"]) == []
+    fresh = DatabaseStore("postgres")
+    try:
+        found = fresh.acquire_as(name, "two", 60_000, WORKER)
+        # Only the function reads the holder of a refused acquire (the statement cannot).
+        assert isinstance(found, Holder), "the row and its token survived; the holder is read"
+    finally:
+        fresh.close()
+
+
+def test_a_table_without_the_0003_columns_is_a_clear_error_and_a_w102(store, sql) -> None:
+    name = key()
+    assert store.acquire(name, "one", 60_000) is not None
+    query(sql, "ALTER TABLE django_locks_lease RENAME COLUMN holder_kind TO away_kind")
+    try:
+        with pytest.raises(StoreError, match="migrate django_locks --database postgres") as caught:
+            store.acquire_as(key(), "two", 60_000, WORKER)
+        assert "0003_holders_and_ends" in str(caught.value)
+        with pytest.raises(StoreError, match="migrate django_locks --database postgres"):
+            store.leases()
+        (message,) = store.check(databases=["postgres"])
+    finally:
+        query(sql, "ALTER TABLE django_locks_lease RENAME COLUMN away_kind TO holder_kind")
+    assert message.id == "django_locks.W102"
+    assert "column holder_kind of django_locks_lease is missing" in message.msg
+    assert "migrate django_locks 0002 --fake --database postgres" in message.hint
+    assert store.renew(name, "one", 60_000)  # usable again at once
 
 
 def test_no_table_warning_while_the_migrations_are_not_applied(store, sql):
@@ -467,3 +611,60 @@ def test_the_parallel_runners_clone_is_made_while_a_store_holds_a_connection(sto
     clone = creation.get_test_db_clone_settings("clone1")["NAME"]
     with connections["postgres"].cursor() as cursor:
         cursor.execute(f'DROP DATABASE "{clone}"')
+
+
+def test_a_pruner_stopped_mid_batch_holds_the_table_for_seconds_not_until_it_resumes(
+    store, monkeypatch
+) -> None:
+    """prune's batch holds a table lock every acquire waits on: a pruner that stops inside it (a
+    client-side pause here, as SIGSTOP or a debugger) is disconnected by the server."""
+    from django_locks.stores.database import postgresql
+    from django_locks.stores.database.postgresql_sql import PG_PRUNE_LOCK
+
+    stale = key()
+    assert store.acquire(stale, "o1", 1) is not None
+    time.sleep(0.05)
+    real_prune = postgresql.PostgreSQLOperations.prune
+    locked = threading.Event()
+
+    class Pausing:
+        def __init__(self, cursor: Any) -> None:
+            self.cursor = cursor
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.cursor, name)
+
+        def execute(self, sql: str, *args: Any) -> Any:
+            result = self.cursor.execute(sql, *args)
+            if sql == PG_PRUNE_LOCK:
+                locked.set()
+                time.sleep(6)  # stopped, holding the table lock
+            return result
+
+    def pausing_prune(ops: Any, cursor: Any, *args: Any) -> Any:
+        return real_prune(ops, Pausing(cursor), *args)
+
+    monkeypatch.setattr(postgresql.PostgreSQLOperations, "prune", pausing_prune)
+    failed: list[BaseException] = []
+
+    def prune() -> None:
+        try:
+            store.prune(0)
+        except BaseException as exc:
+            failed.append(exc)
+
+    pruner = threading.Thread(target=prune)
+    pruner.start()
+    assert locked.wait(10)
+    other = DatabaseStore("postgres")
+    try:
+        started = time.monotonic()
+        assert other.acquire(key(), "o2", 60_000) is not None
+        waited = time.monotonic() - started
+    finally:
+        other.close()
+        pruner.join()
+    print(f"\nacquire waited {waited:.2f} s behind a stopped pruner")
+    assert waited < 4.5, waited  # 2 s of idleness, then the server ends the pruner's session
+    assert failed and isinstance(failed[0], StoreError), failed
+    assert store.lease(stale, include_inactive=True) is not None  # its batch rolled back

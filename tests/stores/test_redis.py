@@ -3,6 +3,7 @@ contract is in test_contract.py)."""
 
 from __future__ import annotations
 
+import datetime
 import multiprocessing
 import os
 import signal
@@ -10,7 +11,8 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import pytest
 import redis.exceptions
@@ -19,8 +21,15 @@ from django.test import override_settings
 from redis.crc import key_slot
 
 from django_locks.exceptions import StoreError, StoreTimeoutError
-from django_locks.stores.redis import RedisStore
+from django_locks.holders import Holder
+from django_locks.stores.base import LeaveReason
+from django_locks.stores.redis import RedisStore, scripts
 from django_locks.stores.redis.scripts import pack
+from tests.waiting import eventually
+
+T = TypeVar("T")
+ONE_SECOND = datetime.timedelta(seconds=1)
+WORKER = Holder(host="web-2", pid=4121, kind="worker", detail="9f1c2b7e-task-id")
 
 
 def _owner() -> str:
@@ -361,6 +370,14 @@ def test_the_documented_acl_is_enough(redis_server):
     assert store.renew("acl", owner, 30_000)
     assert [lease.key for lease in store.leases()] == ["acl"]
     assert store.release("acl", owner)
+    # The scripts of 0.2.0 (the holder described, the renewal recorded) need no other command.
+    assert isinstance(store.acquire_as("acl", owner, 30_000, WORKER), int)
+    assert isinstance(store.acquire_as("acl", _owner(), 30_000, WORKER), Holder)
+    assert store.renew_many([("acl", owner, 30_000)]) == [True]
+    assert store.leave("acl", owner, 30_000, "lapsed")
+    listed = store.lease("acl")
+    assert listed is not None and listed.last_renewed is not None
+    assert store.end("acl", owner, "released")
     assert store.force_release("acl") is False
     assert store.check(deploy=True) == []
     store.clear()
@@ -648,3 +665,209 @@ def test_a_url_naming_its_own_connect_timeout_still_connects(redis_server):
         assert token is not None and store.release("url-timeout", "o1")
     finally:
         store.close()
+
+
+# Holders (0.2.0): described in the lease's hash, next to the fields of 0.1.0's layout.
+
+PREVIOUS_RELEASE_SHAS = {
+    # sha1 of each script's body in 0.1.0 (e6af6cb:django_locks/stores/redis.py): a 0.1.0 process
+    # calls these on the leases this release writes.
+    "ACQUIRE": "75e4acf4bb1cee86f2b2e0696b4a1682823cbb52",
+    "RENEW": "30f278f5af6369f205252950f2790fb56eb17346",
+    "RELEASE": "1d66f844a717e7d3d5b97ca851de720ed8c5dcda",
+    "FORCE_RELEASE": "afa74c9036083eab59f6c7926d80884a4be57705",
+    "INSPECT": "3b0dba3742935e6070d46e1bf0d66184491a1beb",
+}
+
+
+def test_the_previous_release_scripts_are_kept_byte_for_byte():
+    for name, sha in PREVIOUS_RELEASE_SHAS.items():
+        assert getattr(scripts, name).sha.decode() == sha, name
+    new = {scripts.ACQUIRE_AS.sha, scripts.RENEW_RECORDED.sha, scripts.DESCRIBE.sha}
+    assert len(new) == 3 and not new & {sha.encode() for sha in PREVIOUS_RELEASE_SHAS.values()}
+
+
+def _sent(server: Any, call: Callable[[], T]) -> tuple[T, list[str]]:
+    """``call()``'s result and the commands clients sent the server meanwhile, as MONITOR lists
+    them (the commands a script runs show as sent by "lua": not counted)."""
+    marker = uuid.uuid4().hex
+    with server.client() as client, server.client() as marking:
+        marking.ping()  # connected before: its handshake is not counted
+        with client.monitor() as monitor:
+            result = call()
+            marking.echo(marker)  # the end of the list
+            entries = []
+            while (entry := monitor.next_command())["command"] != f"ECHO {marker}":
+                entries.append(entry)
+    sent = [
+        found["command"].split(" ", 1)[0].upper()
+        for found in entries
+        if found["client_type"] != "lua" and found["client_port"] != entry["client_port"]
+    ]
+    return result, sent
+
+
+@pytest.mark.redis
+def test_a_failed_acquire_naming_its_holder_costs_what_a_failed_acquire_did(make_redis_server):
+    """Counted by the server, on a private one: MONITOR lists each command a client sends. A
+    failed acquire of 0.1.0's script (``acquire``) and one that returns the holder
+    (``acquire_as``) are both one EVALSHA: one round trip, no second command."""
+    server = make_redis_server()
+    store = RedisStore(url=server.url, max_connections=1)
+    key, owner = "round-trips", _owner()
+    other = Holder(host="web-3", pid=7, kind="web")
+    # Connected, and every script loaded: what is counted below is the calls alone.
+    assert isinstance(store.acquire_as(key, owner, 60_000, WORKER), int)
+    assert store.acquire(key, _owner(), 60_000) is None
+    assert isinstance(store.acquire_as(key, _owner(), 60_000, other), Holder)
+    assert store.lease(key) is not None
+
+    failed, before = _sent(server, lambda: store.acquire(key, _owner(), 60_000))
+    assert (failed, before) == (None, ["EVALSHA"])
+    found, now = _sent(server, lambda: store.acquire_as(key, _owner(), 60_000, other))
+    assert isinstance(found, Holder) and (found.host, found.pid) == (WORKER.host, WORKER.pid)
+    assert now == before
+    token, taken = _sent(server, lambda: store.acquire_as("free", _owner(), 60_000, WORKER))
+    assert isinstance(token, int) and taken == ["EVALSHA"]
+    store.close()
+
+
+@pytest.mark.redis
+def test_the_holder_returned_expires_on_the_servers_clock(redis_server):
+    store = RedisStore(url=redis_server.url, prefix=f"t{uuid.uuid4().hex[:8]}")
+    store.acquire_as("k", _owner(), 60_000, WORKER)
+    found = store.acquire_as("k", _owner(), 60_000, WORKER)
+    with redis_server.client() as client:
+        seconds, micros = client.time()
+    now = datetime.datetime.fromtimestamp(seconds + micros / 1e6, tz=datetime.UTC)
+    assert isinstance(found, Holder) and found.since and found.expires_at
+    assert abs(found.expires_at - found.since - datetime.timedelta(seconds=60)) < ONE_SECOND
+    assert abs(found.expires_at - now - datetime.timedelta(seconds=60)) < ONE_SECOND
+    info = store.lease("k")
+    assert info is not None and info.holder_info is not None
+    assert info.acquired_at == found.since
+    listed = info.holder_info.expires_at
+    assert listed is not None and abs(listed - found.expires_at) < ONE_SECOND
+    store.clear()
+
+
+@pytest.mark.redis
+def test_a_lease_of_the_previous_release_reads_as_a_process_holder(redis_server):
+    """A lease written by 0.1.0's acquire script, called as a 0.1.0 process calls it (ARGV:
+    owner, ttl, "host:pid", key): no kind, no detail, never renewed in the new way."""
+    store = RedisStore(url=redis_server.url, prefix=f"t{uuid.uuid4().hex[:8]}")
+    names = scripts.names(store.prefix, "old")
+    old_owner = _owner()
+    with redis_server.client() as client:
+        token = client.eval(
+            scripts.ACQUIRE_SCRIPT,
+            2,
+            names.lease,
+            names.fence,
+            old_owner,
+            60_000,
+            "old-1:77",
+            "old",
+        )
+        # 0.1.0's renewal of its own lease works on the same layout, recording nothing.
+        assert client.eval(scripts.RENEW_SCRIPT, 2, names.lease, names.fence, old_owner, 60_000)
+    found = store.acquire_as("old", _owner(), 60_000, WORKER)
+    assert isinstance(found, Holder)
+    assert (found.host, found.pid, found.kind, found.detail) == ("old-1", 77, "process", "")
+    assert found.since is not None and found.expires_at is not None
+    info = store.lease("old")
+    assert info is not None and info.holder_info is not None
+    assert (info.fencing_token, info.holder, info.ended, info.last_renewed) == (
+        token,
+        "old-1 pid 77",
+        None,
+        None,
+    )
+    assert [lease.key for lease in store.leases()] == ["old"]
+    store.clear()
+
+
+@pytest.mark.redis
+def test_the_previous_release_scripts_work_on_a_described_lease(redis_server):
+    """What a 0.1.0 process does to a lease this release wrote: its listing reads it, its
+    acquire finds it held, its operator's release frees it (a waiter woken), its acquire then
+    takes the key with a greater token."""
+    store = RedisStore(url=redis_server.url, prefix=f"t{uuid.uuid4().hex[:8]}")
+    names = scripts.names(store.prefix, "new")
+    owner = _owner()
+    token = store.acquire_as("new", owner, 60_000, WORKER)
+    assert isinstance(token, int) and store.renew("new", owner, 60_000)
+    with redis_server.client() as client:
+        listed = client.eval(scripts.INSPECT_SCRIPT, 1, names.lease)
+        assert listed[:5] == [b"new", owner.encode(), b"web-2:4121", b"%d" % token, listed[4]]
+        assert 0 < listed[5] <= 60_000
+        taken = client.eval(
+            scripts.ACQUIRE_SCRIPT, 2, names.lease, names.fence, _owner(), 1000, "old-1:77", "new"
+        )
+        assert taken is None
+        assert client.eval(scripts.FORCE_RELEASE_SCRIPT, 3, names.lease, *names[1:3]) == 1
+        assert client.lpop(names.released) == b"1"
+        later = client.eval(
+            scripts.ACQUIRE_SCRIPT, 2, names.lease, names.fence, _owner(), 1000, "old-1:77", "new"
+        )
+    assert later > token
+    assert not store.renew("new", owner, 60_000)
+    store.clear()
+
+
+@pytest.mark.redis
+def test_end_leave_and_force_end_work_and_record_nothing(redis_server):
+    """Redis deletes a lease as it ends, so how it ended has nowhere to live: ``end`` is a
+    release, ``leave`` a renewal not counted as one, ``force_end`` a force release."""
+    store = RedisStore(url=redis_server.url, prefix=f"t{uuid.uuid4().hex[:8]}")
+    for how in ("released", "handed back"):
+        owner = _owner()
+        store.acquire_as(how, owner, 60_000, WORKER)
+        assert store.end(how, owner, how) is True
+        assert store.end(how, owner, how) is False
+        assert store.lease(how) is None
+    left_as: tuple[LeaveReason, ...] = ("lapsed", "handed back")
+    for how in left_as:
+        key, owner = f"leave {how}", _owner()
+        store.acquire_as(key, owner, 60_000, WORKER)
+        assert store.renew(key, owner, 60_000)
+        renewed = store.lease(key)
+        assert renewed is not None and renewed.last_renewed is not None
+        assert store.leave(key, owner, 300, how) is True
+        left = store.lease(key)
+        assert left is not None and left.expires_in is not None
+        assert left.expires_in <= datetime.timedelta(milliseconds=300)
+        assert (left.state, left.ended, left.last_renewed) == ("held", None, renewed.last_renewed)
+        assert isinstance(store.acquire_as(key, _owner(), 60_000, WORKER), Holder)
+        eventually(lambda: store.lease(key) is None, what=f"{key!r} lapsed")  # noqa: B023
+        assert store.leave(key, owner, 300, how) is False
+    owner = _owner()
+    store.acquire_as("forced", owner, 60_000, WORKER)
+    assert store.force_end("forced", "admin alice") is True
+    assert store.force_end("forced", "admin alice") is False
+    assert not store.renew("forced", owner, 60_000)
+    store.clear()
+
+
+@pytest.mark.redis
+def test_a_detail_no_utf_8_can_hold_does_not_fail_an_acquire(redis_server):
+    store = RedisStore(url=redis_server.url, prefix=f"t{uuid.uuid4().hex[:8]}")
+    odd = Holder(host="web-\udcff", pid=1, kind="command", detail="task-\ud800-id")
+    assert isinstance(store.acquire_as("k", _owner(), 60_000, odd), int)
+    found = store.acquire_as("k", _owner(), 60_000, WORKER)
+    assert isinstance(found, Holder) and (found.host, found.detail) == ("web-?", "task-?-id")
+    store.clear()
+
+
+@pytest.mark.redis
+def test_a_lease_given_an_expiry_past_the_year_9999_by_hand_is_still_listed(redis_server):
+    store = RedisStore(url=redis_server.url, prefix=f"t{uuid.uuid4().hex[:8]}")
+    store.acquire_as("k", _owner(), 60_000, WORKER)
+    with redis_server.client() as client:
+        client.pexpire(store._keys("k")[0], 10**15)  # 31,000 years
+    info = store.lease("k")
+    assert info is not None and info.holder_info is not None
+    assert info.holder_info.expires_at == datetime.datetime.max.replace(tzinfo=datetime.UTC)
+    found = store.acquire_as("k", _owner(), 60_000, WORKER)
+    assert isinstance(found, Holder) and found.expires_at == info.holder_info.expires_at
+    store.clear()

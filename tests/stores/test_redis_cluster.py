@@ -6,11 +6,14 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from typing import Any
 
 import pytest
 from redis.crc import key_slot
 
-from django_locks.stores.redis import RedisStore
+from django_locks.holders import Holder
+from django_locks.stores.base import PermitGrant, Slot
+from django_locks.stores.redis import RedisStore, wire
 
 
 def _owner() -> str:
@@ -86,3 +89,31 @@ def test_a_stale_slot_map_follows_moved(redis_cluster):
 def test_checks_every_master(redis_cluster):
     store = RedisStore(url=redis_cluster.url, cluster=True)
     assert store.check(deploy=True) == []
+
+
+@pytest.mark.redis
+def test_permits_renew_in_one_pipeline_per_master(redis_cluster, monkeypatch):
+    """Every slot of a key lives on its key's master (one hash tag): 30 keys of 3 permits,
+    spread over the 3 masters, renew in one pipeline to each."""
+    store = RedisStore(url=redis_cluster.url, cluster=True, prefix=f"t{uuid.uuid4().hex[:8]}")
+    leases = []
+    for i in range(30):
+        for _ in range(3):
+            owner = _owner()
+            grant = store.acquire_permit(f"job:{i}", owner, 60_000, 3, Holder(host="h", pid=1))
+            assert isinstance(grant, PermitGrant)
+            leases.append((Slot(f"job:{i}", grant.permit), owner, 60_000))
+    pipelines: list[Any] = []
+    real = wire.Pool.pipeline
+
+    def counted(pool: Any, commands: list[bytes], deadline: float) -> list[Any]:
+        pipelines.append(pool.where)
+        return real(pool, commands, deadline)
+
+    monkeypatch.setattr(wire.Pool, "pipeline", counted)
+    assert store.renew_many(leases) == [True] * 90
+    assert len(pipelines) == len(set(pipelines)) == 3
+    monkeypatch.undo()
+    assert len(store.leases()) == 120  # 90 slots and 30 records
+    store.clear()
+    assert store.leases() == []

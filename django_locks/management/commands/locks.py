@@ -1,4 +1,4 @@
-"""``manage.py locks list|release|prune``: see and operate the configured store's leases."""
+"""``manage.py locks list|release|prune|health``: see, operate and probe the configured store."""
 
 from __future__ import annotations
 
@@ -14,8 +14,12 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django_locks.durations import MAX_DURATION_MS, bounded_ms
 from django_locks.exceptions import LocksError
 from django_locks.keys import validate_key
+from django_locks.management import probes
+from django_locks.management.probes import leases_of, none_held, table
 from django_locks.service import locks
+from django_locks.slots import base_of, count_held_slots
 from django_locks.stores.base import LeaseInfo, LockStore
+from django_locks.stores.naming import describe_store
 
 logger = logging.getLogger("django_locks")
 
@@ -23,18 +27,24 @@ logger = logging.getLogger("django_locks")
 class Command(BaseCommand):
     help = (
         "See and operate the configured lock store's leases: `list` them, `release` one held "
-        "by a process that is gone for good, `prune` long-released rows of the database store."
+        "by a process that is gone for good, `prune` long-released rows of the database store, "
+        "`health`: exit 0 when the store answers and every election has a leader."
     )
     stealth_options = ("stdin",)
 
     def add_arguments(self, parser: CommandParser) -> None:
-        commands = parser.add_subparsers(dest="subcommand", metavar="{list,release,prune}")
+        commands = parser.add_subparsers(dest="subcommand", metavar="{list,release,prune,health}")
         commands.required = True
         listing = commands.add_parser("list", help="List held leases, held first then by key.")
         listing.add_argument(
             "--all", action="store_true", help="Also expired and released leases (if kept)."
         )
         listing.add_argument("--json", action="store_true", help="Print a JSON list.")
+        listing.add_argument(
+            "--watch",
+            action="store_true",
+            help="Refresh every second until Ctrl-C (--json: one JSON document a line).",
+        )
         release = commands.add_parser(
             "release", help="Free KEY whoever holds it (it keeps its token)."
         )
@@ -50,47 +60,35 @@ class Command(BaseCommand):
         prune.add_argument(
             "--dry-run", action="store_true", help="Count the rows it would delete; delete none."
         )
+        probes.add_health_parser(commands)
 
     def handle(self, *args: Any, **options: Any) -> None:
         stdin: TextIO = options.get("stdin") or sys.stdin
         store = locks.store
         try:
-            if options["subcommand"] == "list":
+            if options["subcommand"] == "list" and options["watch"]:
+                probes.watch(self, store, include_inactive=options["all"], as_json=options["json"])
+            elif options["subcommand"] == "list":
                 self.list(store, include_inactive=options["all"], as_json=options["json"])
+            elif options["subcommand"] == "health":
+                probes.health(self, options)
             elif options["subcommand"] == "release":
                 self.release(store, options["key"], confirmed=options["yes"], stdin=stdin)
             else:
                 self.prune(store, options["older_than"], dry_run=options["dry_run"])
         except LocksError as exc:
-            raise CommandError(f"The lock store {store!r} failed: {exc}") from exc
+            raise CommandError(f"The lock store {describe_store(store)} failed: {exc}") from exc
 
     def list(self, store: LockStore, *, include_inactive: bool, as_json: bool) -> None:
-        leases = _leases(store, include_inactive)
+        leases = leases_of(store, include_inactive)
         if as_json:
-            self.stdout.write(json.dumps([_as_json(lease) for lease in leases], indent=2))
+            self.stdout.write(json.dumps(probes.as_json_list(leases), indent=2))
             return
         if not leases:
-            self.stderr.write(f"No {'' if include_inactive else 'held '}lease in {store!r}.")
+            self.stderr.write(none_held(store, include_inactive))
             return
-        rows = [("KEY", "STATE", "HOLDER", "TOKEN", "ACQUIRED AT", "EXPIRES IN")]
-        rows += [
-            (
-                _printable(lease.key),
-                lease.state,
-                lease.holder or "-",
-                str(lease.fencing_token),
-                lease.acquired_at.isoformat(timespec="seconds") if lease.acquired_at else "-",
-                _expiry(lease),
-            )
-            for lease in leases
-        ]
-        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-        for row in rows:
-            self.stdout.write(
-                "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-            )
-        if not leases:
-            self.stderr.write(f"No {'' if include_inactive else 'held '}lease in {store!r}.")
+        for line in table(leases):
+            self.stdout.write(line)
 
     def release(self, store: LockStore, key: str, *, confirmed: bool, stdin: TextIO) -> None:
         # Before any store call: an argument that is not valid UTF-8 reaches Python as lone
@@ -106,32 +104,41 @@ class Command(BaseCommand):
         else:
             if held is None:  # say so before asking anything
                 raise CommandError(f"No live lease on {key!r}: nothing to release.")
-        what = repr(key)
-        if held is not None:
-            what += f" (held by {held.holder or '?'}, fencing token {held.fencing_token})"
+        # A key taken with permits: its own record frees every slot (say how many first).
+        slots = None if held is None or not held.is_summary else count_held_slots(store, key)
+        what = repr(key) + _described(held, slots)
         if not confirmed:
+            whose = "Its holder is" if slots is None or slots == 1 else "Each holder is"
             self.stdout.write(
-                f"Release {what}? Its holder is told at its next renewal that the lock was "
+                f"Release {what}? {whose} told at its next renewal that the lock was "
                 "lost; until then it may still be working. [y/N] ",
                 ending="",
             )
             self.stdout.flush()
             answer = stdin.readline()
+            if not answer.endswith("\n"):
+                self.stdout.write("")  # no answer typed: end the question's line
             if answer.strip().lower() not in {"y", "yes"}:
                 raise CommandError("Not released." if answer else "Not released (no answer).")
-        if not store.force_release(key):
+        operator, host = _operator(), socket.gethostname()
+        if not store.force_end(key, f"cli {operator}@{host}"):
             raise CommandError(f"No live lease on {key!r}: nothing was released.")
         # The audit trail of an operator's release, as the admin's log entry is for the page.
         logger.warning(
             "Lease %r released by %s on %s with `manage.py locks release`%s; its holder learns "
             "it at its next renewal",
             key,
-            _operator(),
-            socket.gethostname(),
-            ""
-            if held is None
-            else f" (it was held by {held.holder or '?'}, fencing token {held.fencing_token})",
+            operator,
+            host,
+            _audit(held, slots),
         )
+        if held is not None and held.is_summary:
+            freed = "every permit" if slots is None else f"every permit ({_permits(slots)})"
+            self.stdout.write(
+                f"Released {key!r}: {freed} of the key freed, fencing token "
+                f"{held.fencing_token}; the key keeps its fencing token."
+            )
+            return
         self.stdout.write(f"Released {what}; the key keeps its fencing token.")
 
     def prune(self, store: LockStore, older_than: str, *, dry_run: bool = False) -> None:
@@ -143,42 +150,58 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         if not store.keeps_ended_leases:
             self.stdout.write(
-                f"Nothing to prune in {store!r}: only the database store keeps the rows of "
-                "released and expired leases."
+                f"Nothing to prune in {describe_store(store)}: only the database store keeps "
+                "the rows of released and expired leases."
             )
             return
         try:
             count = store.prune(ms, dry_run=dry_run)
         except NotImplementedError:
-            raise CommandError(f"The lock store {store!r} cannot prune its leases.") from None
+            raise CommandError(
+                f"The lock store {describe_store(store)} cannot prune its leases."
+            ) from None
         if dry_run:
             self.stdout.write(
                 f"Would prune {count} lease{'' if count == 1 else 's'} released or expired more "
-                f"than {older_than} ago from {store!r} (--dry-run: nothing deleted)."
+                f"than {older_than} ago from {describe_store(store)} (--dry-run: nothing deleted)."
             )
             return
         self.stdout.write(
             f"Pruned {count} lease{'' if count == 1 else 's'} released or expired more than "
-            f"{older_than} ago from {store!r}; every key's next token stays greater."
+            f"{older_than} ago from {describe_store(store)}; every key's next token stays greater."
         )
 
 
-def _leases(store: LockStore, include_inactive: bool) -> list[LeaseInfo]:
-    try:
-        return store.leases(include_inactive=include_inactive)
-    except NotImplementedError:
-        raise CommandError(f"The lock store {store!r} cannot list its leases.") from None
+def _described(held: LeaseInfo | None, slots: int | None) -> str:
+    """What ``release`` says of the lease it frees: its holder, or a key's permits."""
+    if held is None:
+        return ""
+    token = f"fencing token {held.fencing_token}"
+    if held.is_summary:
+        counted = "" if slots is None else f", {slots} held"
+        return f" ({held.permits} permits{counted}: every permit of the key; {token})"
+    permit = ""
+    if held.permit is not None:
+        permit = f"permit {held.permit}/{held.permits} of {base_of(held)!r}, "
+    return f" ({permit}held by {held.described.describe()}, {token})"
 
 
-def _as_json(lease: LeaseInfo) -> dict[str, Any]:
-    return {
-        "key": lease.key,
-        "state": lease.state,
-        "holder": lease.holder,  # never the owner id: it is the holder's secret
-        "fencing_token": lease.fencing_token,
-        "acquired_at": lease.acquired_at.isoformat() if lease.acquired_at else None,
-        "expires_in": lease.expires_in.total_seconds() if lease.expires_in is not None else None,
-    }
+def _audit(held: LeaseInfo | None, slots: int | None) -> str:
+    """The audit line's account of what was held."""
+    if held is None:
+        return ""
+    if held.is_summary:
+        counted = "" if slots is None else f", {_permits(slots)} held"
+        return (
+            f" (every permit of the key: {held.permits} permits{counted}, fencing token "
+            f"{held.fencing_token})"
+        )
+    permit = "" if held.permit is None else f"permit {held.permit}/{held.permits}, "
+    return f" ({permit}it was held by {held.described}, fencing token {held.fencing_token})"
+
+
+def _permits(count: int) -> str:
+    return f"{count} permit{'' if count == 1 else 's'}"
 
 
 def _operator() -> str:
@@ -186,19 +209,3 @@ def _operator() -> str:
         return getpass.getuser()
     except Exception:  # no user name in this environment (a container without /etc/passwd)
         return "an unknown user"
-
-
-def _printable(key: str) -> str:
-    """``key`` as it is, or its ``repr()`` when a store lists one no terminal could print."""
-    try:
-        key.encode("utf-8")
-    except UnicodeEncodeError:
-        return repr(key)
-    return key
-
-
-def _expiry(lease: LeaseInfo) -> str:
-    if lease.state == "released" or lease.expires_in is None:
-        return "-"
-    seconds = lease.expires_in.total_seconds()
-    return f"{seconds:.1f}s" if seconds >= 0 else f"expired {-seconds:.1f}s ago"

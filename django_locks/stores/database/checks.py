@@ -10,7 +10,14 @@ from django.db import connections
 from django.utils.connection import ConnectionDoesNotExist
 
 from django_locks.exceptions import StoreError
-from django_locks.stores.database.operations import SEQUENCE, TABLE
+from django_locks.stores.database.operations import (
+    FUNCTIONS,
+    FUNCTIONS_MIGRATION,
+    HOLDER_COLUMNS,
+    PERMITS_MIGRATION,
+    SEQUENCE,
+    TABLE,
+)
 from django_locks.stores.database.pools import DIALECTS
 
 if TYPE_CHECKING:
@@ -88,16 +95,34 @@ def _schema_messages(store: DatabaseStore) -> list[Any]:
         ]
     if not missing:
         return []
+    what, plural = missing_text(missing)
     return [
         checks.Warning(
-            f"The lock store's {' and '.join(missing)} "
-            f"{'is' if missing == [TABLE] or missing == [SEQUENCE] else 'are'} "
-            f"missing from the database {store.using!r}, although its migrations are "
-            "recorded as applied (a restored dump, a dropped table).",
+            f"The lock store's {what} {'are' if plural else 'is'} missing from the database "
+            f"{store.using!r}, although its migrations are recorded as applied (a restored "
+            "dump, a dropped table).",
             hint=repair_hint(missing, store.using, pools.ops.recreate_sequence),
             id="django_locks.W102",
         )
     ]
+
+
+def _functions(missing: list[str], migration: str) -> list[str]:
+    names = {signature.partition("(")[0] for signature in FUNCTIONS[migration]}
+    return [name for name in missing if name in names]
+
+
+def missing_text(missing: list[str]) -> tuple[str, bool]:
+    """What ``missing_schema()`` found missing, in words, and whether that is plural."""
+    parts = [name for name in (TABLE, SEQUENCE) if name in missing]
+    columns = [name for name in missing if name in HOLDER_COLUMNS]
+    if columns:
+        parts.append(f"column{'s' * (len(columns) > 1)} {', '.join(columns)} of {TABLE}")
+    functions = [name for migration in FUNCTIONS for name in _functions(missing, migration)]
+    if functions:
+        parts.append(f"SQL functions {', '.join(functions)}")
+    plural = len(parts) > 1 or len(columns) > 1 or bool(functions)
+    return " and ".join(parts), plural
 
 
 def repair_hint(missing: list[str], using: str, recreate_sequence: str) -> str:
@@ -114,7 +139,30 @@ def repair_hint(missing: list[str], using: str, recreate_sequence: str) -> str:
         )
     if SEQUENCE in missing:
         return f"In `manage.py dbshell{database}`, run `{recreate_sequence}`"
+    old_functions = bool(_functions(missing, FUNCTIONS_MIGRATION))
+    if any(name in HOLDER_COLUMNS for name in missing):
+        # The table of a dump from before 0003: 0003 again adds its columns and functions (and
+        # 0002 again replaces its own, when they are gone too).
+        back = "0001" if old_functions else "0002"
+        return (
+            f"Run `manage.py migrate django_locks {back} --fake{database}`, then "
+            f"`manage.py migrate django_locks{database}`: this adds the columns and creates the "
+            "SQL functions again."
+        )
+    if all(name in _functions(missing, PERMITS_MIGRATION) for name in missing):
+        # Only 0005's: unapplied for real (it drops only its own functions) and applied again.
+        return (
+            f"Run `manage.py migrate django_locks 0004{database}`, then `manage.py migrate "
+            f"django_locks{database}`: this creates the SQL functions again."
+        )
+    # Only functions: 0003 is unapplied for real first (its columns hold nothing a token
+    # depends on: the descriptions of the current leases are lost), since applying it again
+    # adds columns that are there.
+    steps = [f"`manage.py migrate django_locks 0002{database}`"]
+    if old_functions:
+        steps.append(f"`manage.py migrate django_locks 0001 --fake{database}`")
+    steps.append(f"`manage.py migrate django_locks{database}`")
     return (
-        f"Run `manage.py migrate django_locks 0001 --fake{database}`, then "
-        f"`manage.py migrate django_locks{database}`: this creates the SQL functions again."
+        f"Run {', then '.join(steps)}: this creates the SQL functions again (the holders' "
+        "descriptions of current leases are dropped, never a fencing token)."
     )

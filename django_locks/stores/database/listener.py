@@ -23,7 +23,7 @@ from typing import Any
 from django_locks import process
 from django_locks.clock import MAX_WAIT
 from django_locks.stores.database.connections import PrivateBackend
-from django_locks.stores.database.postgresql import CHANNEL, LISTEN
+from django_locks.stores.database.postgresql_sql import CHANNEL, LISTEN
 
 __all__ = ["CHANNEL", "Listener"]
 

@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.utils.dateparse import parse_datetime
 
-from django_locks.stores.base import LeaseInfo, LeaseState
+from django_locks.holders import Holder
+from django_locks.stores.base import (
+    EndReason,
+    LeaseInfo,
+    LeaseState,
+    LeaveReason,
+    PermitGrant,
+    ReleaseReason,
+)
 
 if TYPE_CHECKING:
     from django_locks.stores.database.connections import StoreConnection
@@ -26,10 +34,49 @@ TABLE = "django_locks_lease"
 SEQUENCE = "django_locks_lease_fencing_token_seq"
 RECORDER = "django_migrations"
 FUNCTIONS_MIGRATION = "0002_sql_functions"
+HOLDERS_MIGRATION = "0003_holders_and_ends"
+PERMITS_MIGRATION = "0005_permit_functions"
 MIGRATED = f"SELECT name FROM {RECORDER} WHERE app = 'django_locks'"
 
+HOLDER_COLUMNS = (
+    "holder_kind",
+    "holder_detail",
+    "described_token",
+    "renewed_at",
+    "end_reason",
+    "ended_by",
+)
+"""The columns migration 0003 adds (all nullable: a 0.1.0 process writes none of them)."""
+
+FUNCTIONS = {
+    FUNCTIONS_MIGRATION: (
+        "django_locks_acquire(text, text, text, bigint)",
+        "django_locks_release(text, text)",
+    ),
+    HOLDERS_MIGRATION: (
+        "django_locks_acquire_as(text, text, text, text, text, bigint)",
+        "django_locks_end(text, text, text)",
+    ),
+    PERMITS_MIGRATION: (
+        "django_locks_acquire_plain(text, text, text, text, text, bigint)",
+        "django_locks_acquire_permit(text, text, text, text, text, bigint, integer)",
+        "django_locks_renew_slots(text[], text[], bigint[], text[], text)",
+        "django_locks_end_slot(text, text, text, text, text)",
+        "django_locks_force_end(text, text)",
+    ),
+}
+"""The store's SQL functions on PostgreSQL (their signatures), by the migration creating them:
+0.1.0 processes call 0002's, 0.2.0 processes 0003's, this release 0003's and 0005's."""
+
 LeaseRow = tuple[Any, ...]
-"""A row of a dialect's lease listing: key, owner, holder, token, acquired_at, state, ms left."""
+"""A row of a dialect's lease listing: key, owner, holder, token, acquired_at, state, ms left,
+expires_at, whether the 0003 columns describe this lease, holder_kind, holder_detail,
+renewed_at, end_reason, ended_by; then, from a dialect offering permits, the row's permit (a
+slot's n) and permits (a slot's, and its key's own record's)."""
+
+HolderRow = tuple[Any, ...]
+"""What a dialect reads of the lease that refused an acquire: holder (``host:pid``), kind,
+detail (None when unknown), acquired_at, expires_at."""
 
 
 class Operations:
@@ -73,9 +120,23 @@ class Operations:
         """Whether ``exc`` says the store's table is not in the database (not migrated)."""
         return False
 
+    def missing_column(self, exc: BaseException) -> bool:
+        """Whether ``exc`` says a column of the store's table is not there (0003 not migrated)."""
+        return False
+
     # The contract, one method per operation.
 
-    def acquire(self, cursor: Any, key: str, owner: str, holder: str, ttl_ms: int) -> int | None:
+    def acquire_as(
+        self,
+        cursor: Any,
+        key: str,
+        owner: str,
+        holder: str,
+        kind: str | None,
+        detail: str | None,
+        ttl_ms: int,
+    ) -> int | HolderRow | None:
+        """The token when taken, else what is known of the holder (None: nothing)."""
         raise NotImplementedError
 
     def renew(self, cursor: Any, key: str, owner: str, ttl_ms: int) -> bool:
@@ -87,10 +148,32 @@ class Operations:
         """The ``(key, owner)`` of the leases renewed."""
         raise NotImplementedError
 
-    def release(self, cursor: Any, key: str, owner: str) -> bool:
+    def leave(self, cursor: Any, key: str, owner: str, ttl_ms: int, how: LeaveReason) -> bool:
         raise NotImplementedError
 
-    def force_release(self, cursor: Any, key: str) -> int:
+    supports_permits = False
+    """Whether the dialect offers permits (``acquire_permit`` and the ``Slot`` rules of the
+    other operations, which are given the ``Slot`` itself as their key)."""
+
+    def acquire_permit(
+        self,
+        cursor: Any,
+        key: str,
+        owner: str,
+        holder: str,
+        kind: str | None,
+        detail: str | None,
+        ttl_ms: int,
+        permits: int,
+    ) -> PermitGrant | HolderRow | None:
+        """The grant when a slot was taken, else what is known of the holder whose slot ends
+        first (None: nothing); raises ``PermitsMismatchError``, nothing written."""
+        raise NotImplementedError
+
+    def end(self, cursor: Any, key: str, owner: str, how: ReleaseReason) -> bool:
+        raise NotImplementedError
+
+    def force_end(self, cursor: Any, key: str, by: str | None) -> int:
         raise NotImplementedError
 
     def clear(self, cursor: Any) -> int:
@@ -119,18 +202,86 @@ class Operations:
         raise NotImplementedError
 
 
+def schema_missing(
+    applied: set[str],
+    *,
+    table: bool,
+    sequence: bool,
+    columns: set[str] | None,
+    functions: set[str],
+) -> list[str]:
+    """What of the store's schema is missing although the migration making it is recorded in
+    ``applied``: the table, the token source, 0003's columns and the SQL functions (of
+    ``functions``, the signatures missing), each by its name. ``columns``: those the table has
+    (None when it is missing)."""
+    if not applied:
+        return []
+    missing = [name for name, gone in ((TABLE, table), (SEQUENCE, sequence)) if gone]
+    if columns is not None and HOLDERS_MIGRATION in applied:
+        missing += [column for column in HOLDER_COLUMNS if column not in columns]
+    for migration, signatures in FUNCTIONS.items():
+        if migration in applied:
+            missing += [sig.partition("(")[0] for sig in signatures if sig in functions]
+    return missing
+
+
 def lease_info(row: LeaseRow) -> LeaseInfo:
     """A row of a dialect's listing as the contract's ``LeaseInfo``."""
-    key, owner, holder, token, acquired_at, state, ms = row
+    key, owner, address, token, acquired_at, state, ms, expires_at, described, *columns = row
+    permit, permits = columns[5:7] if len(columns) > 5 else (None, None)
+    kind, detail, renewed_at, end_reason, ended_by = columns[:5] if described else (None,) * 5
+    since = _datetime(acquired_at)
+    holder = Holder.parse(
+        address, kind=kind, detail=detail, since=since, expires_at=_datetime(expires_at)
+    )
+    lease_state = _state(state)
     return LeaseInfo(
         key=key,
-        state=_state(state),
+        state=lease_state,
         owner=owner,
-        holder=holder,
+        holder=str(holder),
         fencing_token=int(token),
-        acquired_at=_datetime(acquired_at),
-        expires_in=None if state == "released" else datetime.timedelta(milliseconds=ms),
+        acquired_at=since,
+        expires_in=None if lease_state == "released" else datetime.timedelta(milliseconds=ms),
+        holder_info=holder,
+        ended=ended(lease_state, bool(described), end_reason),
+        ended_by=ended_by,
+        last_renewed=_datetime(renewed_at),
+        permit=None if permit is None else int(permit),
+        permits=None if permits is None else int(permits),
     )
+
+
+def holder_of(row: HolderRow) -> Holder:
+    """The holder a dialect read for a refused acquire."""
+    address, kind, detail, acquired_at, expires_at = row
+    return Holder.parse(
+        address,
+        kind=kind,
+        detail=detail,
+        since=_datetime(acquired_at),
+        expires_at=_datetime(expires_at),
+    )
+
+
+_ENDS: dict[str, EndReason] = {
+    reason: reason
+    for reason in ("released", "handed back", "lapsed", "expired", "force released", "max hold")
+}
+
+
+def ended(state: LeaseState, described: bool, end_reason: str | None) -> EndReason | None:
+    """How a lease of ``state`` ended (SPEC section 8), from its row's ``end_reason`` (for a
+    lease still held, how it will end once left to lapse). ``described``: whether the row's
+    0003 columns describe this lease; not for a lease a 0.1.0 process took, which recorded no
+    end (SPEC section 9: held / expired with no end reason)."""
+    if state == "held" or not described:
+        return None
+    reason = _ENDS.get(end_reason) if end_reason is not None else None
+    if state == "expired":
+        return reason if reason in ("lapsed", "handed back") else "expired"
+    # Released with no reason, or with a leave's "lapsed": a 0.1.0 process ended it.
+    return None if reason == "lapsed" else reason
 
 
 def _state(value: str) -> LeaseState:

@@ -21,7 +21,12 @@ from django.db import connections
 from django.db.utils import Error as DjangoDatabaseError
 
 from django_locks import process
-from django_locks.exceptions import OwnTransactionError, StoreError, StoreTimeoutError
+from django_locks.exceptions import (
+    OwnTransactionError,
+    PermitsMismatchError,
+    StoreError,
+    StoreTimeoutError,
+)
 from django_locks.stores.database.connections import ConnectAttempt, PrivateBackend, StoreConnection
 from django_locks.stores.database.operations import Operations
 from django_locks.stores.database.postgresql import PostgreSQLOperations
@@ -113,6 +118,10 @@ class Pools:
             # Refused, not broken: its transaction was rolled back, the connection is reusable.
             self._give_back(state, conn, renewal, broken=conn.raw.in_transaction)
             raise
+        except PermitsMismatchError:
+            # Refused by what the step read, before it wrote anything: the connection is fine.
+            self._give_back(state, conn, renewal, broken=conn.fired)
+            raise
         except BaseException:
             self._give_back(state, conn, renewal, broken=True)
             raise
@@ -151,6 +160,13 @@ class Pools:
         if self.ops.missing_table(exc):
             return (
                 f" The lock store's table is missing from the database {self.using!r}: run "
+                f"`manage.py migrate django_locks --database {self.using}` (with "
+                "'django_locks' in INSTALLED_APPS, which the migration needs)."
+            )
+        if self.ops.missing_column(exc):
+            return (
+                f" The lock store's table in the database {self.using!r} lacks the columns of "
+                f"this release's migrations (0003_holders_and_ends, 0004_permits): run "
                 f"`manage.py migrate django_locks --database {self.using}`."
             )
         return ""

@@ -1,4 +1,5 @@
-"""The database store's PostgreSQL dialect: its SQL, built once, and one method per operation."""
+"""The database store's PostgreSQL dialect: one method per operation, running the statements of
+``postgresql_sql.py`` (its SQL, built once)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,48 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from django_locks.exceptions import PermitsMismatchError, StoreError
+from django_locks.stores.base import LeaveReason, PermitGrant, ReleaseReason, Slot
 from django_locks.stores.database.operations import (
-    FUNCTIONS_MIGRATION,
+    HOLDER_COLUMNS,
     MIGRATED,
-    RECORDER,
+    PERMITS_MIGRATION,
     SEQUENCE,
-    TABLE,
+    HolderRow,
     LeaseRow,
     Operations,
+    schema_missing,
+)
+from django_locks.stores.database.postgresql_permits_sql import (
+    PG_ACQUIRE_PERMIT_CALL,
+    PG_ACQUIRE_PLAIN_CALL,
+    PG_END_SLOT_CALL,
+    PG_FORCE_END_CALL,
+    PG_RENEW_SLOTS_CALL,
+)
+from django_locks.stores.database.postgresql_sql import (
+    PG_ACQUIRE_AS,
+    PG_ACQUIRE_AS_CALL,
+    PG_CLEAR,
+    PG_END,
+    PG_END_CALL,
+    PG_FORCE_END,
+    PG_LEASE,
+    PG_LEASE_HELD,
+    PG_LEASES,
+    PG_LEASES_HELD,
+    PG_LEAVE,
+    PG_MISSING,
+    PG_PRUNE_BATCH,
+    PG_PRUNE_COUNT,
+    PG_PRUNE_DELETE,
+    PG_PRUNE_FLOOR,
+    PG_PRUNE_GUARD,
+    PG_PRUNE_LOCK,
+    PG_RENEW,
+    PG_RENEW_MANY,
+    PG_WARP,
+    SIGNATURES,
 )
 
 if TYPE_CHECKING:
@@ -24,168 +59,12 @@ T = TypeVar("T")
 
 logger = logging.getLogger("django_locks")
 
-CHANNEL = "django_locks_released"
-"""The ``NOTIFY`` channel of release notices (``listener.py`` listens on it)."""
-LISTEN = f"LISTEN {CHANNEL}"
-
 UNDEFINED_FUNCTION = "42883"
 """PostgreSQL's SQLSTATE for a call of a function that does not exist."""
 UNDEFINED_TABLE = "42P01"
 """PostgreSQL's SQLSTATE for a table (or sequence) that does not exist."""
-
-# Each operation is ONE statement in autocommit: the ownership check sits in the statement's
-# WHERE, evaluated on the row version the statement has locked, and every time is the server's
-# clock_timestamp() (not now(): a statement that waited for a row lock must judge expiry after
-# the wait). No session state, no server-side prepared statements, no advisory locks: all of it
-# works behind PgBouncer in transaction pooling mode.
-_LIVE = "lease.released_at IS NULL AND lease.expires_at > clock_timestamp()"
-
-
-def _expiry(ttl_ms: str) -> str:
-    return f"clock_timestamp() + {ttl_ms} * interval '1 millisecond'"
-
-
-# ON CONFLICT DO UPDATE locks the existing row first, then evaluates WHERE and SET on it, so the
-# nextval() in SET is drawn after the row lock and floored by the row's own token: a sequence
-# restored from a backup or reset on a failed-over server never hands a key an old token. (The
-# nextval() in VALUES is evaluated before the conflict is known; for an existing key that value
-# is simply skipped.) The same owner holding a live lease gets its token back and its lease
-# extended: a retry after a timeout never strands the lease.
-def _acquire(key: str, owner: str, holder: str, ttl_ms: str) -> str:
-    return f"""
-INSERT INTO {TABLE} AS lease
-    (key, owner, holder, fencing_token, acquired_at, expires_at, released_at)
-VALUES ({key}, {owner}, {holder}, nextval('{SEQUENCE}'), clock_timestamp(), {_expiry(ttl_ms)},
-    NULL)
-ON CONFLICT (key) DO UPDATE SET
-    fencing_token = CASE WHEN lease.owner = excluded.owner AND {_LIVE}
-        THEN lease.fencing_token
-        ELSE greatest(nextval('{SEQUENCE}'), lease.fencing_token + 1) END,
-    acquired_at = CASE WHEN lease.owner = excluded.owner AND {_LIVE}
-        THEN lease.acquired_at ELSE clock_timestamp() END,
-    owner = excluded.owner,
-    holder = excluded.holder,
-    expires_at = {_expiry(ttl_ms)},
-    released_at = NULL
-WHERE lease.owner = excluded.owner OR NOT ({_LIVE})
-RETURNING lease.fencing_token"""
-
-
-_FREE = f"""
-UPDATE {TABLE} AS lease
-SET released_at = clock_timestamp(), expires_at = least(lease.expires_at, clock_timestamp())
-WHERE {_LIVE}"""
-
-# Acquire and release, the two calls on a caller's path, are also SQL functions (created by the
-# 0002 migration from the statements above): PL/pgSQL plans its statements once per session, so
-# a call costs the server a short SELECT to parse instead of the whole statement, prepared
-# statements or not, behind PgBouncer too. Until the migration ran, the store sends the
-# statements themselves. A change to a statement needs a migration re-creating the functions.
-#
-# The release commits without waiting for its WAL flush (synchronous_commit off, for its own
-# transaction): the freed lease is visible at once, and any later commit that waits for the disk
-# (the next holder's acquire, say) flushes it too. Only a server crash before such a commit can
-# lose it: the lease then comes back with its old owner, which nobody renews, and lapses at its
-# ttl, as after a crash of its holder. Acquire and renew wait for the flush: a lost one could
-# hand a token out twice, or end a lease before its holder's deadline. (The SQL comment in the
-# release's body still names stores/database.py, this module's old name: the functions' text
-# stays exactly what migration 0002 created.)
-PG_FUNCTIONS = f"""
-CREATE OR REPLACE FUNCTION django_locks_acquire(p_key text, p_owner text, p_holder text,
-    p_ttl_ms bigint) RETURNS bigint LANGUAGE plpgsql AS $body$
-DECLARE
-    token bigint;
-BEGIN
-    {_acquire("p_key", "p_owner", "p_holder", "p_ttl_ms")} INTO token;
-    RETURN token;
-END
-$body$;
-CREATE OR REPLACE FUNCTION django_locks_release(p_key text, p_owner text) RETURNS boolean
-LANGUAGE plpgsql AS $body$
-BEGIN
-    {_FREE} AND lease.key = p_key AND lease.owner = p_owner;
-    IF NOT FOUND THEN
-        RETURN false;
-    END IF;
-    PERFORM pg_notify('{CHANNEL}', p_key);
-    -- This transaction only: a release need not wait for the disk (see stores/database.py).
-    PERFORM set_config('synchronous_commit', 'off', true);
-    RETURN true;
-END
-$body$;
-"""
-PG_DROP_FUNCTIONS = """
-DROP FUNCTION IF EXISTS django_locks_acquire(text, text, text, bigint);
-DROP FUNCTION IF EXISTS django_locks_release(text, text);
-"""
-# The ttl is cast: an int too large for a bigint is then an error of its own, not a call of a
-# function the database does not have (which would turn the functions off for the process).
-PG_ACQUIRE_CALL = "SELECT django_locks_acquire(%s, %s, %s, %s::bigint)"
-PG_RELEASE_CALL = "SELECT django_locks_release(%s, %s)"
-PG_ACQUIRE = _acquire("%s", "%s", "%s", "%s")
-PG_RENEW = f"""
-UPDATE {TABLE} AS lease SET expires_at = {_expiry("%s")}
-WHERE lease.key = %s AND lease.owner = %s AND {_LIVE}
-"""
-# Every lock a process holds on this database, renewed in one statement: each row is checked
-# and moved exactly as PG_RENEW does, and the rows renewed come back.
-PG_RENEW_MANY = f"""
-UPDATE {TABLE} AS lease SET expires_at = clock_timestamp() + batch.ttl * interval '1 millisecond'
-FROM unnest(%s::text[], %s::text[], %s::bigint[]) AS batch (key, owner, ttl)
-WHERE lease.key = batch.key AND lease.owner = batch.owner AND {_LIVE}
-RETURNING lease.key, lease.owner
-"""
-
-
-def _notifying(update: str) -> str:
-    # The release and its notice are one statement: waiters hear of every release (delivered at
-    # commit), and the statement's row count is still the number of leases freed.
-    return (
-        f"WITH freed AS ({update} RETURNING lease.key) "
-        f"SELECT pg_notify('{CHANNEL}', freed.key) FROM freed"
-    )
-
-
-PG_RELEASE = _notifying(_FREE + " AND lease.key = %s AND lease.owner = %s")
-PG_FORCE_RELEASE = _notifying(_FREE + " AND lease.key = %s")
-PG_CLEAR = _notifying(_FREE)
-# Testing aid (LockStore.warp): every live lease's expiry moved earlier, as if time had passed.
-PG_WARP = f"""
-UPDATE {TABLE} AS lease SET expires_at = lease.expires_at - %s * interval '1 millisecond'
-WHERE {_LIVE}"""
-PG_LEASES = f"""
-SELECT lease.key, lease.owner, lease.holder, lease.fencing_token, lease.acquired_at,
-    CASE WHEN lease.released_at IS NOT NULL THEN 'released'
-         WHEN lease.expires_at > clock.now THEN 'held' ELSE 'expired' END,
-    (extract(epoch FROM lease.expires_at - clock.now) * 1000)::bigint
-FROM {TABLE} AS lease, (SELECT clock_timestamp() AS now) AS clock
-"""
-_HELD = "lease.released_at IS NULL AND lease.expires_at > clock.now"
-PG_LEASES_HELD = f"{PG_LEASES} WHERE {_HELD}"
-PG_LEASE = f"{PG_LEASES} WHERE lease.key = %s"
-PG_LEASE_HELD = f"{PG_LEASE} AND {_HELD}"
-
-# Pruning deletes rows whose key then starts over from the sequence alone, without the row's own
-# token as a floor. So each batch first raises the sequence to the batch's highest token, while
-# holding a lock that keeps every acquire out until the rows are gone: an acquire that drew its
-# token before the raise and then inserted the pruned key would otherwise hand out an old token
-# (after a sequence reset, the rows are ahead of the sequence). SHARE ROW EXCLUSIVE conflicts
-# with the ROW EXCLUSIVE lock an INSERT / UPDATE takes before it evaluates anything.
-_STALE = "expires_at < clock_timestamp() - %s * interval '1 millisecond'"
-PG_PRUNE_LOCK = f"LOCK TABLE {TABLE} IN SHARE ROW EXCLUSIVE MODE"
-PG_PRUNE_BATCH = f"SELECT key, fencing_token FROM {TABLE} WHERE {_STALE} LIMIT %s"
-PG_PRUNE_FLOOR = f"""
-SELECT setval('{SEQUENCE}', greatest((SELECT last_value FROM {SEQUENCE}), %s))
-"""
-PG_PRUNE_DELETE = f"DELETE FROM {TABLE} WHERE key = ANY(%s) AND {_STALE}"
-PG_PRUNE_COUNT = f"SELECT count(*) FROM {TABLE} WHERE {_STALE}"
-
-PG_MISSING = (
-    f"SELECT to_regclass('{TABLE}') IS NULL, to_regclass('{SEQUENCE}') IS NULL, "
-    "to_regprocedure('django_locks_acquire(text, text, text, bigint)') IS NULL "
-    "OR to_regprocedure('django_locks_release(text, text)') IS NULL, "
-    f"to_regclass('{RECORDER}')"
-)
+UNDEFINED_COLUMN = "42703"
+"""PostgreSQL's SQLSTATE for a column that does not exist (migration 0003 not applied)."""
 
 
 def _sqlstate(exc: BaseException) -> str | None:
@@ -196,11 +75,15 @@ class PostgreSQLOperations(Operations):
     """PostgreSQL: one statement per operation in autocommit, on the connection's one cursor."""
 
     vendor = "postgresql"
+    supports_permits = True  # with migration 0005's functions (a clear error without them)
     recreate_sequence = f"CREATE SEQUENCE {SEQUENCE} AS bigint CACHE 1;"
 
     def __init__(self, using: str) -> None:
         super().__init__(using)
         self.functions = True  # until the database says it has none
+        # Migration 0005's, until the database says it has none (found again by the next
+        # acquire_permit, which always calls its function: then migrated meanwhile).
+        self.permit_functions = True
 
     def run(
         self,
@@ -218,27 +101,99 @@ class PostgreSQLOperations(Operations):
     def missing_table(self, exc: BaseException) -> bool:
         return _sqlstate(exc) == UNDEFINED_TABLE
 
-    def acquire(self, cursor: Any, key: str, owner: str, holder: str, ttl_ms: int) -> int | None:
-        if not self._call_function(cursor, PG_ACQUIRE_CALL, (key, owner, holder, ttl_ms)):
-            cursor.execute(PG_ACQUIRE, (key, owner, holder, ttl_ms, ttl_ms))
+    def missing_column(self, exc: BaseException) -> bool:
+        return _sqlstate(exc) == UNDEFINED_COLUMN
+
+    def acquire_as(
+        self,
+        cursor: Any,
+        key: str,
+        owner: str,
+        holder: str,
+        kind: str | None,
+        detail: str | None,
+        ttl_ms: int,
+    ) -> int | HolderRow | None:
+        params = (key, owner, holder, kind, detail, ttl_ms)
+        if self.permit_functions and self._call_plain(cursor, params):
+            taken, *held, live = cursor.fetchone()
+            if taken is not None:
+                return int(taken)
+            if live is not None:
+                raise PermitsMismatchError(key, 1, int(live))
+            return None if held[0] is None else tuple(held)
+        if self._call_function(cursor, PG_ACQUIRE_AS_CALL, params):
+            taken, *held = cursor.fetchone()
+            if taken is not None:
+                return int(taken)
+            return None if held[0] is None else tuple(held)
+        named = {"key": key, "owner": owner, "holder": holder, "kind": kind, "detail": detail}
+        cursor.execute(PG_ACQUIRE_AS, {**named, "ttl": ttl_ms})
         row = cursor.fetchone()
         return None if row is None or row[0] is None else int(row[0])
 
+    def acquire_permit(
+        self,
+        cursor: Any,
+        key: str,
+        owner: str,
+        holder: str,
+        kind: str | None,
+        detail: str | None,
+        ttl_ms: int,
+        permits: int,
+    ) -> PermitGrant | HolderRow | None:
+        self._call_permits(
+            cursor, PG_ACQUIRE_PERMIT_CALL, (key, owner, holder, kind, detail, ttl_ms, permits)
+        )
+        self.permit_functions = True
+        taken, permit, live, *held = cursor.fetchone()
+        if taken is not None:
+            return PermitGrant(int(taken), int(permit))
+        if live is not None:
+            raise PermitsMismatchError(key, permits, int(live))
+        return None if held[0] is None else tuple(held)
+
     def renew(self, cursor: Any, key: str, owner: str, ttl_ms: int) -> bool:
+        if isinstance(key, Slot):
+            return bool(self._renew_slots(cursor, [(key, owner, ttl_ms)], None))
         cursor.execute(PG_RENEW, (ttl_ms, key, owner))
+        return bool(cursor.rowcount == 1)
+
+    def leave(self, cursor: Any, key: str, owner: str, ttl_ms: int, how: LeaveReason) -> bool:
+        if isinstance(key, Slot):
+            return bool(self._renew_slots(cursor, [(key, owner, ttl_ms)], how))
+        cursor.execute(PG_LEAVE, (ttl_ms, how, key, owner))
         return bool(cursor.rowcount == 1)
 
     def renew_many(
         self, cursor: Any, leases: Sequence[tuple[str, str, int]]
     ) -> set[tuple[str, str]]:
+        if any(isinstance(key, Slot) for key, _, _ in leases):
+            return self._renew_slots(cursor, leases, None)
         keys, owners, ttls = (list(column) for column in zip(*leases, strict=True))
         cursor.execute(PG_RENEW_MANY, (keys, owners, ttls))
         return {(key, owner) for key, owner in cursor.fetchall()}
 
-    def release(self, cursor: Any, key: str, owner: str) -> bool:
-        if self._call_function(cursor, PG_RELEASE_CALL, (key, owner)):
+    def _renew_slots(
+        self, cursor: Any, leases: Sequence[tuple[str, str, int]], how: LeaveReason | None
+    ) -> set[tuple[str, str]]:
+        """Renew (or with ``how``, leave) ``leases``, some of them slots, in one call: their
+        bases locked first, in key order, and moved with them."""
+        keys = [str(key) for key, _, _ in leases]
+        bases = [key.base if isinstance(key, Slot) else None for key, _, _ in leases]
+        owners = [owner for _, owner, _ in leases]
+        ttls = [ttl for _, _, ttl in leases]
+        self._call_permits(cursor, PG_RENEW_SLOTS_CALL, (keys, owners, ttls, bases, how))
+        return {(key, owner) for key, owner in cursor.fetchall()}
+
+    def end(self, cursor: Any, key: str, owner: str, how: ReleaseReason) -> bool:
+        if isinstance(key, Slot):
+            self._call_permits(cursor, PG_END_SLOT_CALL, (key.base, str(key), owner, how))
             return bool(cursor.fetchone()[0])
-        cursor.execute(PG_RELEASE, (key, owner))
+        if self._call_function(cursor, PG_END_CALL, (key, owner, how)):
+            return bool(cursor.fetchone()[0])
+        cursor.execute(PG_END, (how, key, owner))
         return bool(cursor.rowcount == 1)
 
     def _call_function(self, cursor: Any, sql: str, params: tuple[Any, ...]) -> bool:
@@ -262,8 +217,53 @@ class PostgreSQLOperations(Operations):
             return False
         return True
 
-    def force_release(self, cursor: Any, key: str) -> int:
-        cursor.execute(PG_FORCE_RELEASE, (key,))
+    def _call_plain(self, cursor: Any, params: tuple[Any, ...]) -> bool:
+        """Migration 0005's plain acquire; ``False`` (and 0003's from now on) when the database
+        lacks it: a key taken with permits is then taken by no process of this release."""
+        try:
+            cursor.execute(PG_ACQUIRE_PLAIN_CALL, params)
+        except Exception as exc:
+            if _sqlstate(exc) != UNDEFINED_FUNCTION:
+                raise
+            self.permit_functions = False
+            logger.warning(
+                "The database %r lacks the django_locks SQL functions of migration %s: keys "
+                "cannot be taken with permits there. Run `manage.py migrate django_locks "
+                "--database %s`.",
+                self.using,
+                PERMITS_MIGRATION,
+                self.using,
+            )
+            return False
+        return True
+
+    def _call_permits(self, cursor: Any, sql: str, params: tuple[Any, ...]) -> None:
+        """Call one of migration 0005's functions, which permits need: without them, a
+        ``StoreError`` naming the migration."""
+        try:
+            cursor.execute(sql, params)
+        except Exception as exc:
+            if _sqlstate(exc) != UNDEFINED_FUNCTION:
+                raise
+            self.permit_functions = False
+            raise StoreError(
+                f"The database {self.using!r} lacks the django_locks SQL functions of "
+                f"migration {PERMITS_MIGRATION}, which permits need: run `manage.py migrate "
+                f"django_locks --database {self.using}`."
+            ) from exc
+
+    def force_end(self, cursor: Any, key: str, by: str | None) -> int:
+        # 1 when it freed the key's lease, or its slots (and its own record), or a slot.
+        if self.permit_functions:
+            try:
+                cursor.execute(PG_FORCE_END_CALL, (str(key), by))
+            except Exception as exc:
+                if _sqlstate(exc) != UNDEFINED_FUNCTION:
+                    raise
+                self.permit_functions = False
+            else:
+                return min(int(cursor.fetchone()[0]), 1)
+        cursor.execute(PG_FORCE_END, (by, key))
         return int(cursor.rowcount)
 
     def clear(self, cursor: Any) -> int:
@@ -287,6 +287,7 @@ class PostgreSQLOperations(Operations):
         # held from the floor's raise until the batch's rows are gone, and no longer.
         cursor.execute("BEGIN")
         try:
+            cursor.execute(PG_PRUNE_GUARD)
             cursor.execute(PG_PRUNE_LOCK)
             cursor.execute(PG_PRUNE_BATCH, (older_than_ms, limit))
             batch = cursor.fetchall()
@@ -310,13 +311,19 @@ class PostgreSQLOperations(Operations):
 
     def missing_schema(self, cursor: Any) -> list[str]:
         cursor.execute(PG_MISSING)
-        table_missing, sequence_missing, functions_missing, recorder = cursor.fetchone()
-        if recorder is None or not (table_missing or sequence_missing or functions_missing):
+        table_missing, sequence_missing, recorder, columns, *functions = cursor.fetchone()
+        gone = dict(zip(SIGNATURES, functions, strict=True))
+        lacking = not table_missing and not set(HOLDER_COLUMNS) <= set(columns)
+        if recorder is None or not (
+            table_missing or sequence_missing or lacking or any(gone.values())
+        ):
             return []
         cursor.execute(MIGRATED)
         applied = {row[0] for row in cursor.fetchall()}
-        gone = {TABLE: table_missing, SEQUENCE: sequence_missing}
-        missing = [name for name, is_gone in gone.items() if is_gone and applied]
-        if functions_missing and FUNCTIONS_MIGRATION in applied:
-            missing.append("SQL functions")
-        return missing
+        return schema_missing(
+            applied,
+            table=bool(table_missing),
+            sequence=bool(sequence_missing),
+            columns=None if table_missing else set(columns),
+            functions={signature for signature, is_gone in gone.items() if is_gone},
+        )

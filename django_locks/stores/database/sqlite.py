@@ -1,4 +1,5 @@
-"""The database store's SQLite dialect: its SQL, its transactions, and this thread's own one."""
+"""The database store's SQLite dialect (its SQL in ``sqlite_sql.py``): its steps, its transactions,
+and this thread's own one."""
 
 from __future__ import annotations
 
@@ -10,14 +11,49 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import connections
 
-from django_locks.exceptions import OwnTransactionError, StoreError
+from django_locks.exceptions import OwnTransactionError, PermitsMismatchError, StoreError
+from django_locks.stores.base import PERMITS_OWNER, LeaveReason, PermitGrant, ReleaseReason, Slot
 from django_locks.stores.database.operations import (
+    HOLDER_COLUMNS,
     MIGRATED,
     RECORDER,
     SEQUENCE,
     TABLE,
+    HolderRow,
     LeaseRow,
     Operations,
+    schema_missing,
+)
+from django_locks.stores.database.sqlite_sql import (
+    SQLITE_ACQUIRE_AS,
+    SQLITE_CLEAR,
+    SQLITE_COLUMNS,
+    SQLITE_END,
+    SQLITE_FORCE_END,
+    SQLITE_HOLDER,
+    SQLITE_LEASE,
+    SQLITE_LEASE_HELD,
+    SQLITE_LEASES,
+    SQLITE_LEASES_HELD,
+    SQLITE_LEAVE,
+    SQLITE_PERMIT_BASE,
+    SQLITE_PERMIT_EXTEND,
+    SQLITE_PERMIT_FOLLOW,
+    SQLITE_PERMIT_FORCE_SLOTS,
+    SQLITE_PERMIT_FREE,
+    SQLITE_PERMIT_LATEST,
+    SQLITE_PERMIT_RECORD,
+    SQLITE_PERMIT_SLOTS,
+    SQLITE_PERMIT_TAKE,
+    SQLITE_PRUNE_COUNT,
+    SQLITE_PRUNE_DELETE,
+    SQLITE_PRUNE_FLOOR,
+    SQLITE_RAISE_FLOOR,
+    SQLITE_RENEW,
+    SQLITE_TABLES,
+    SQLITE_TOKEN,
+    SQLITE_WARP,
+    offset,
 )
 
 if TYPE_CHECKING:
@@ -29,70 +65,6 @@ OWN_LOCK_WAIT = 0.05
 """Seconds a write of the store waits for SQLite's write lock while this thread's own transaction
 on the same file is open (it may hold that lock: waiting longer cannot help); 0 when the
 transaction certainly holds it (``transaction_mode`` IMMEDIATE or EXCLUSIVE)."""
-
-# Every write runs inside BEGIN IMMEDIATE (the database's write lock, taken up front so that
-# concurrent writers wait for it instead of failing to upgrade a read lock), which makes the few
-# statements below one atomic step. Times are Django's text format, from SQLite's 'now' (the
-# machine's clock: one machine only), compared through julianday(). The token floor is the
-# one-row table holding the highest token ever handed out, so a pruned row's key never goes back.
-_NOW = "strftime('%Y-%m-%d %H:%M:%f', 'now')"
-_EXPIRY = "strftime('%Y-%m-%d %H:%M:%f', 'now', ?)"
-_LIVE = "released_at IS NULL AND julianday(expires_at) > julianday('now')"
-SQLITE_ACQUIRE = f"""
-INSERT INTO {TABLE} (key, owner, holder, fencing_token, acquired_at, expires_at, released_at)
-VALUES (?, ?, ?, (SELECT value + 1 FROM {SEQUENCE} WHERE id = 1), {_NOW}, {_EXPIRY},
-    NULL)
-ON CONFLICT (key) DO UPDATE SET
-    fencing_token = CASE WHEN owner = excluded.owner AND {_LIVE}
-        THEN fencing_token ELSE max(fencing_token + 1, excluded.fencing_token) END,
-    acquired_at = CASE WHEN owner = excluded.owner AND {_LIVE}
-        THEN acquired_at ELSE excluded.acquired_at END,
-    owner = excluded.owner,
-    holder = excluded.holder,
-    expires_at = excluded.expires_at,
-    released_at = NULL
-WHERE owner = excluded.owner OR NOT ({_LIVE})
-"""
-SQLITE_TOKEN = f"SELECT fencing_token FROM {TABLE} WHERE key = ?"
-SQLITE_RAISE_FLOOR = f"UPDATE {SEQUENCE} SET value = max(value, ?) WHERE id = 1"
-SQLITE_RENEW = f"""
-UPDATE {TABLE} SET expires_at = {_EXPIRY} WHERE key = ? AND owner = ? AND {_LIVE}
-"""
-_FREE = f"""
-UPDATE {TABLE} SET released_at = {_NOW},
-    expires_at = CASE WHEN julianday(expires_at) > julianday('now') THEN {_NOW}
-        ELSE expires_at END
-WHERE {_LIVE}"""
-SQLITE_RELEASE = _FREE + " AND key = ? AND owner = ?"
-SQLITE_FORCE_RELEASE = _FREE + " AND key = ?"
-SQLITE_CLEAR = _FREE
-SQLITE_WARP = f"""
-UPDATE {TABLE} SET expires_at = strftime('%Y-%m-%d %H:%M:%f', expires_at, ?) WHERE {_LIVE}"""
-SQLITE_LEASES = f"""
-SELECT key, owner, holder, fencing_token, acquired_at,
-    CASE WHEN released_at IS NOT NULL THEN 'released'
-         WHEN julianday(expires_at) > julianday('now') THEN 'held' ELSE 'expired' END,
-    CAST(round((julianday(expires_at) - julianday('now')) * 86400000) AS integer)
-FROM {TABLE}
-"""
-SQLITE_LEASES_HELD = SQLITE_LEASES + f" WHERE {_LIVE}"
-SQLITE_LEASE = SQLITE_LEASES + " WHERE key = ?"
-SQLITE_LEASE_HELD = SQLITE_LEASE + f" AND {_LIVE}"
-# Pruning: the counter already holds the highest token ever handed out (every acquire raises
-# it); raising it again costs nothing and keeps the rule local. The transaction's first write
-# takes the database's write lock, which keeps the store's writers out until the rows are gone.
-_STALE = "julianday(expires_at) < julianday('now', ?)"
-SQLITE_PRUNE_FLOOR = f"""
-UPDATE {SEQUENCE} SET value = max(value, coalesce(
-    (SELECT max(fencing_token) FROM {TABLE} WHERE {_STALE}), 0)) WHERE id = 1
-"""
-SQLITE_PRUNE_DELETE = f"DELETE FROM {TABLE} WHERE {_STALE}"
-SQLITE_PRUNE_COUNT = f"SELECT count(*) FROM {TABLE} WHERE {_STALE}"
-SQLITE_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN (?, ?, ?)"
-
-
-def _offset(ms: int) -> str:
-    return f"+{ms / 1000:.3f} seconds"
 
 
 class SQLiteOperations(Operations):
@@ -162,35 +134,137 @@ class SQLiteOperations(Operations):
     def missing_table(self, exc: BaseException) -> bool:
         return "no such table: django_locks_" in str(exc)
 
-    def acquire(self, cursor: Any, key: str, owner: str, holder: str, ttl_ms: int) -> int | None:
-        cursor.execute(SQLITE_ACQUIRE, (key, owner, holder, _offset(ttl_ms)))
+    def missing_column(self, exc: BaseException) -> bool:
+        # "table ... has no column named holder_kind", "no such column: excluded.holder_kind"
+        text = str(exc)
+        return "column" in text and any(column in text for column in HOLDER_COLUMNS)
+
+    def acquire_as(
+        self,
+        cursor: Any,
+        key: str,
+        owner: str,
+        holder: str,
+        kind: str | None,
+        detail: str | None,
+        ttl_ms: int,
+    ) -> int | HolderRow | None:
+        cursor.execute(SQLITE_ACQUIRE_AS, (key, owner, holder, offset(ttl_ms), kind, detail))
         if cursor.rowcount != 1:
-            return None
+            # Refused by a live lease: the transaction's write lock keeps it as it is.
+            found = cursor.execute(SQLITE_HOLDER, (key,)).fetchone()
+            if found is None:
+                return None
+            *refuser, held_by, permits, base_key = found
+            if base_key is not None or (held_by == PERMITS_OWNER and permits is not None):
+                raise PermitsMismatchError(key, 1, int(permits or 1))
+            return tuple(refuser)
         token = int(cursor.execute(SQLITE_TOKEN, (key,)).fetchone()[0])
         cursor.execute(SQLITE_RAISE_FLOOR, (token,))
         return token
 
+    # Permits: a Slot key's operations move or end its key's own row in the same transaction.
+
+    supports_permits = True
+
+    def acquire_permit(
+        self,
+        cursor: Any,
+        key: str,
+        owner: str,
+        holder: str,
+        kind: str | None,
+        detail: str | None,
+        ttl_ms: int,
+        permits: int,
+    ) -> PermitGrant | HolderRow | None:
+        found = cursor.execute(SQLITE_PERMIT_BASE, (key,)).fetchone()
+        if found is not None and found[3]:
+            held_by, held_permits, base_key, _ = found
+            # A plain lease, or a slot of another key (one lease too), counts as permits=1.
+            live = 1
+            if held_by == PERMITS_OWNER and held_permits is not None and base_key is None:
+                live = int(held_permits)
+            if live != permits:
+                raise PermitsMismatchError(key, permits, live)
+        prefix = f"{key}#"
+        taken: set[int] = set()
+        first_to_end: HolderRow | None = None
+        for slot, slot_owner, slot_base, token, *described in cursor.execute(
+            SQLITE_PERMIT_SLOTS, (prefix, f"{key}$")
+        ).fetchall():
+            permit = _permit(slot, len(prefix), permits)
+            if permit is None:
+                continue  # another key's ("k#x"), or a slot past this permits value
+            taken.add(permit)
+            if slot_owner == owner and slot_base == key:
+                cursor.execute(
+                    SQLITE_PERMIT_EXTEND, (offset(ttl_ms), holder, kind, detail, slot, owner)
+                )
+                _follow(cursor, key, slot)
+                return PermitGrant(int(token), permit)
+            if first_to_end is None:
+                first_to_end = tuple(described)
+        free = next((n for n in range(1, permits + 1) if n not in taken), None)
+        if free is None:
+            return first_to_end
+        slot = f"{prefix}{free}"
+        args = (slot, owner, holder, offset(ttl_ms), kind, detail, permits, key)
+        cursor.execute(SQLITE_PERMIT_TAKE, args)
+        token = int(cursor.execute(SQLITE_TOKEN, (slot,)).fetchone()[0])
+        cursor.execute(SQLITE_PERMIT_RECORD, (key, token, slot, permits, holder))
+        cursor.execute(SQLITE_RAISE_FLOOR, (token,))
+        return PermitGrant(token, free)
+
     def renew(self, cursor: Any, key: str, owner: str, ttl_ms: int) -> bool:
-        cursor.execute(SQLITE_RENEW, (_offset(ttl_ms), key, owner))
-        return bool(cursor.rowcount == 1)
+        cursor.execute(SQLITE_RENEW, (offset(ttl_ms), key, owner))
+        renewed = bool(cursor.rowcount == 1)
+        if renewed and isinstance(key, Slot):
+            _follow(cursor, key.base, str(key))
+        return renewed
 
     def renew_many(
         self, cursor: Any, leases: Sequence[tuple[str, str, int]]
     ) -> set[tuple[str, str]]:
         renewed = set()
+        bases: dict[str, None] = {}  # the keys of the slots renewed, in order
         for key, owner, ttl_ms in leases:  # one transaction (BEGIN IMMEDIATE): one step
-            cursor.execute(SQLITE_RENEW, (_offset(ttl_ms), key, owner))
+            cursor.execute(SQLITE_RENEW, (offset(ttl_ms), key, owner))
             if cursor.rowcount == 1:
                 renewed.add((key, owner))
+                if isinstance(key, Slot):
+                    bases[key.base] = None
+        for base in bases:  # once per key, however many of its slots the batch renewed
+            cursor.execute(SQLITE_PERMIT_LATEST, (f"{base}#", f"{base}$", base))
         return renewed
 
-    def release(self, cursor: Any, key: str, owner: str) -> bool:
-        cursor.execute(SQLITE_RELEASE, (key, owner))
-        return bool(cursor.rowcount == 1)
+    def leave(self, cursor: Any, key: str, owner: str, ttl_ms: int, how: LeaveReason) -> bool:
+        cursor.execute(SQLITE_LEAVE, (offset(ttl_ms), how, key, owner))
+        left = bool(cursor.rowcount == 1)
+        if left and isinstance(key, Slot):
+            _follow(cursor, key.base, str(key))
+        return left
 
-    def force_release(self, cursor: Any, key: str) -> int:
-        cursor.execute(SQLITE_FORCE_RELEASE, (key,))
-        return int(cursor.rowcount)
+    def end(self, cursor: Any, key: str, owner: str, how: ReleaseReason) -> bool:
+        cursor.execute(SQLITE_END, (how, key, owner))
+        ended = bool(cursor.rowcount == 1)
+        if ended and isinstance(key, Slot):
+            _follow_end(cursor, key.base, how, None)
+        return ended
+
+    def force_end(self, cursor: Any, key: str, by: str | None) -> int:
+        found = cursor.execute(SQLITE_PERMIT_BASE, (key,)).fetchone()
+        cursor.execute(SQLITE_FORCE_END, (by, key))
+        freed = int(cursor.rowcount)
+        if found is None:
+            return freed
+        held_by, permits, base_key, _ = found
+        if held_by == PERMITS_OWNER and permits is not None and base_key is None:
+            cursor.execute(SQLITE_PERMIT_FORCE_SLOTS, (f"{key}#", f"{key}$", by, key))
+            return 1 if freed or cursor.rowcount else 0
+        if freed and base_key is not None:
+            _follow_end(cursor, base_key, "force released", by)
+        return freed
 
     def clear(self, cursor: Any) -> int:
         cursor.execute(SQLITE_CLEAR)
@@ -210,21 +284,31 @@ class SQLiteOperations(Operations):
     def prune(self, cursor: Any, older_than_ms: int, limit: int) -> tuple[int, bool]:
         # All at once, in the one transaction run() opened: SQLite has one machine's worth of
         # rows, and the write lock is taken by the floor's raise, before the delete.
-        offset = f"-{older_than_ms / 1000:.3f} seconds"
-        cursor.execute(SQLITE_PRUNE_FLOOR, (offset,))
-        cursor.execute(SQLITE_PRUNE_DELETE, (offset,))
+        ago = f"-{older_than_ms / 1000:.3f} seconds"
+        cursor.execute(SQLITE_PRUNE_FLOOR, (ago,))
+        cursor.execute(SQLITE_PRUNE_DELETE, (ago,))
         return int(cursor.rowcount), False
 
     def count_prunable(self, cursor: Any, older_than_ms: int) -> int:
-        offset = f"-{older_than_ms / 1000:.3f} seconds"
-        return int(cursor.execute(SQLITE_PRUNE_COUNT, (offset,)).fetchone()[0])
+        ago = f"-{older_than_ms / 1000:.3f} seconds"
+        return int(cursor.execute(SQLITE_PRUNE_COUNT, (ago,)).fetchone()[0])
 
     def missing_schema(self, cursor: Any) -> list[str]:
         found = {row[0] for row in cursor.execute(SQLITE_TABLES, (TABLE, SEQUENCE, RECORDER))}
-        missing = [name for name in (TABLE, SEQUENCE) if name not in found]
-        if not missing or RECORDER not in found:
+        columns = (
+            {row[0] for row in cursor.execute(SQLITE_COLUMNS, (TABLE,))} if TABLE in found else None
+        )
+        lacking = columns is not None and not set(HOLDER_COLUMNS) <= columns
+        if RECORDER not in found or not (TABLE not in found or SEQUENCE not in found or lacking):
             return []
-        return missing if cursor.execute(MIGRATED).fetchone() else []
+        applied = {row[0] for row in cursor.execute(MIGRATED)}
+        return schema_missing(
+            applied,
+            table=TABLE not in found,
+            sequence=SEQUENCE not in found,
+            columns=columns,
+            functions=set(),
+        )
 
 
 class OwnTransaction:
@@ -259,6 +343,28 @@ class OwnTransaction:
             "view with @transaction.non_atomic_requests and take the lock before the atomic "
             "block; or use PostgreSQL or Redis for locks."
         )
+
+
+def _permit(slot: str, start: int, permits: int) -> int | None:
+    """The n of a slot key (``slot[start:]``, canonical digits) when it is 1..``permits``."""
+    digits = slot[start:]
+    if not (digits.isascii() and digits.isdigit()) or digits[0] == "0":
+        return None
+    permit = int(digits)
+    return permit if permit <= permits else None
+
+
+def _follow(cursor: Any, base: str, slot: str) -> None:
+    """After ``slot`` of ``base`` moved: its own row as long as its latest live slot."""
+    cursor.execute(SQLITE_PERMIT_FOLLOW, (f"{base}#", f"{base}$", base, slot))
+
+
+def _follow_end(cursor: Any, base: str, how: str, by: str | None) -> None:
+    """After a slot of ``base`` ended: its own row until the latest of the other live slots',
+    or ended as the slot was when none is left."""
+    cursor.execute(SQLITE_PERMIT_LATEST, (f"{base}#", f"{base}$", base))
+    if cursor.rowcount == 0:
+        cursor.execute(SQLITE_PERMIT_FREE, (base, how, by))
 
 
 def testcase_open(wrapper: Any) -> bool:

@@ -7,19 +7,38 @@ Each method states its operation once and runs it through the dialect of the ali
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, get_args
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from django_locks.durations import Duration, timeout_seconds
+from django_locks.holders import KINDS, MAX_DETAIL, Holder
+from django_locks.keys import check_permits
 from django_locks.process import ProcessLocal
-from django_locks.stores.base import LeaseInfo, LockStore, check_older_than, holder_name
+from django_locks.stores.base import (
+    MAX_ENDED_BY,
+    LeaseInfo,
+    LeaveReason,
+    LockStore,
+    PermitGrant,
+    ReleaseReason,
+    check_older_than,
+    holder_name,
+)
 from django_locks.stores.database.checks import configuration_messages, store_messages
 from django_locks.stores.database.listener import Listener
-from django_locks.stores.database.operations import lease_info
+from django_locks.stores.database.operations import holder_of, lease_info
 from django_locks.stores.database.pools import Pools
 from django_locks.stores.database.teardown import track
+
+RELEASE_REASONS: tuple[ReleaseReason, ...] = get_args(ReleaseReason)
+LEAVE_REASONS: tuple[LeaveReason, ...] = get_args(LeaveReason)
+
+MAX_ADDRESS = 255
+"""The longest ``host:pid`` kept (the ``holder`` column)."""
+
+_VENDORS = {"postgresql": "PostgreSQL", "sqlite": "SQLite"}
 
 PRUNE_BATCH = 1000
 """Rows deleted per transaction by ``prune`` on PostgreSQL: each batch blocks the store's writes
@@ -92,15 +111,25 @@ class DatabaseStore(LockStore):
     def __repr__(self) -> str:
         return f"<DatabaseStore using={self.using!r}>"
 
+    def __str__(self) -> str:
+        """``PostgreSQL "default"``, ``SQLite "default"``."""
+        vendor = connections[self.using].vendor if self.using in connections else "database"
+        return f'{_VENDORS.get(vendor, vendor)} "{self.using}"'
+
     # The contract.
 
     def acquire(
         self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None
     ) -> int | None:
+        # As acquire_as() with nothing known but the address: the lease reads as a "process".
         pools = self._pools
-        return pools.run(
-            pools.ops.acquire, (key, owner, holder_name(), ttl_ms), timeout, renewal=False
+        taken = pools.run(
+            pools.ops.acquire_as,
+            (key, owner, holder_name(), None, None, ttl_ms),
+            timeout,
+            renewal=False,
         )
+        return taken if isinstance(taken, int) else None
 
     def renew(self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None) -> bool:
         pools = self._pools
@@ -117,7 +146,80 @@ class DatabaseStore(LockStore):
 
     def release(self, key: str, owner: str, *, timeout: float | None = None) -> bool:
         pools = self._pools
-        return pools.run(pools.ops.release, (key, owner), timeout, renewal=False)
+        return pools.run(pools.ops.end, (key, owner, "released"), timeout, renewal=False)
+
+    # Holders and how leases end: each recorded by the statement (or function) of the call
+    # itself, so no call costs a round trip more than before.
+
+    describes_holders = True
+
+    def acquire_as(
+        self, key: str, owner: str, ttl_ms: int, holder: Holder, *, timeout: float | None = None
+    ) -> int | Holder | None:
+        if not isinstance(holder, Holder):
+            raise TypeError(f"`holder` must be a django_locks Holder, got {holder!r}")
+        kind = holder.kind if holder.kind in KINDS else "process"
+        args = (key, owner, holder.address[:MAX_ADDRESS], kind, holder.detail[:MAX_DETAIL], ttl_ms)
+        pools = self._pools
+        taken = pools.run(pools.ops.acquire_as, args, timeout, renewal=False)
+        return taken if taken is None or isinstance(taken, int) else holder_of(taken)
+
+    def end(
+        self, key: str, owner: str, how: ReleaseReason, *, timeout: float | None = None
+    ) -> bool:
+        if how not in RELEASE_REASONS:
+            raise ValueError(f"`how` must be one of {', '.join(RELEASE_REASONS)}, got {how!r}")
+        pools = self._pools
+        return pools.run(pools.ops.end, (key, owner, how), timeout, renewal=False)
+
+    def leave(
+        self, key: str, owner: str, ttl_ms: int, how: LeaveReason, *, timeout: float | None = None
+    ) -> bool:
+        if how not in LEAVE_REASONS:
+            raise ValueError(f"`how` must be one of {', '.join(LEAVE_REASONS)}, got {how!r}")
+        pools = self._pools
+        return pools.run(pools.ops.leave, (key, owner, ttl_ms, how), timeout, renewal=True)
+
+    def force_end(self, key: str, by: str) -> bool:
+        if not isinstance(by, str):
+            raise TypeError(f"`by` must be a str naming who released it, got {by!r}")
+        pools = self._pools
+        return (
+            pools.run(pools.ops.force_end, (key, by[:MAX_ENDED_BY] or None), None, renewal=False)
+            == 1
+        )
+
+    # Permits: slot rows `<key>#<n>` beside the key's own row (SPEC section 4), where the
+    # vendor's dialect offers them. The other operations pass a Slot key on to the dialect.
+
+    @property
+    def supports_permits(self) -> bool:  # type: ignore[override]
+        return self._pools.ops.supports_permits
+
+    def acquire_permit(
+        self,
+        key: str,
+        owner: str,
+        ttl_ms: int,
+        permits: int,
+        holder: Holder,
+        *,
+        timeout: float | None = None,
+    ) -> PermitGrant | Holder | None:
+        if not isinstance(holder, Holder):
+            raise TypeError(f"`holder` must be a django_locks Holder, got {holder!r}")
+        if check_permits(permits) < 2:
+            raise ValueError(f"`permits` of acquire_permit() must be 2 or more, got {permits!r}")
+        pools = self._pools
+        if not pools.ops.supports_permits:
+            raise NotImplementedError(f"{self} does not offer permits")
+        kind = holder.kind if holder.kind in KINDS else "process"
+        address, detail = holder.address[:MAX_ADDRESS], holder.detail[:MAX_DETAIL]
+        args = (key, owner, address, kind, detail, ttl_ms, permits)
+        taken = pools.run(pools.ops.acquire_permit, args, timeout, renewal=False)
+        if taken is None or isinstance(taken, PermitGrant):
+            return taken
+        return holder_of(taken)
 
     # Optional capabilities.
 
@@ -162,7 +264,7 @@ class DatabaseStore(LockStore):
 
     def force_release(self, key: str) -> bool:
         pools = self._pools
-        return pools.run(pools.ops.force_release, (key,), None, renewal=False) == 1
+        return pools.run(pools.ops.force_end, (key, None), None, renewal=False) == 1
 
     def wait_for_release(self, key: str, timeout: float) -> bool:
         """PostgreSQL only, with ``listen_using`` set: woken by the ``NOTIFY`` of a release."""

@@ -1,6 +1,7 @@
 """The Redis store: ``RedisStore`` (``store``), its Lua scripts and key names (``scripts``),
-options (``options``), Cluster routing (``cluster``), connections and calls (``wire``) and
-system checks (``checks``). redis-py is imported here and nowhere else in django_locks."""
+their replies read (``replies``), options (``options``), Cluster routing (``cluster``),
+connections and calls (``wire``) and system checks (``checks``). redis-py is imported here
+and nowhere else in django_locks."""
 
 from __future__ import annotations
 

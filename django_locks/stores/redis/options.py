@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -163,6 +164,21 @@ def redact(url: str | None) -> str:
         scheme, _, rest = url.partition("://")
         return f"{scheme}://***@{rest.rpartition('@')[2]}"
     return url or ""
+
+
+def label(options: Options) -> str:
+    """The store named for people (``Redis 127.0.0.1:6379/0``, ``Redis Cluster 10.0.0.5:7000``,
+    ``(cache "locks")`` after it when borrowed from a cache); never the password."""
+    kind = "Redis Cluster" if options.cluster else "Redis"
+    parts = urlsplit(options.url or "")
+    if parts.scheme == "unix":
+        where = parts.path
+    else:
+        where = f"{parts.hostname or 'localhost'}:{parts.port or 6379}"
+        db = parts.path.strip("/")
+        if db and not options.cluster:
+            where += f"/{db}"
+    return f'{kind} {where} (cache "{options.cache}")' if options.cache else f"{kind} {where}"
 
 
 def where(kwargs: dict[str, Any], node: tuple[str, int] | None) -> str:

@@ -6,13 +6,20 @@ import functools
 import hashlib
 from typing import NamedTuple
 
+from django_locks.holders import MAX_DETAIL, Holder
+
 # Every script below is atomic because Redis runs a script to completion before it serves any
 # other command: the ownership check and the write it guards are one step, never a read followed
 # by a write from the client. Each script touches only KEYS that share one hash tag, hence one
 # Cluster slot. Expiry is PEXPIRE in milliseconds on the server's clock.
 #
-# KEYS[1] is the lease, a hash {key, owner, holder, token, acquired_at}; KEYS[2] is the key's
-# fencing counter, a string that never expires and only grows.
+# KEYS[1] is the lease, a hash {key, owner, holder, token, acquired_at} (0.1.0's layout), to which
+# 0.2.0 adds {kind, detail, renewed_at} (see ACQUIRE_AS_SCRIPT); KEYS[2] is the key's fencing
+# counter, a string that never expires and only grows.
+#
+# The scripts of 0.1.0 (ACQUIRE, RENEW, RELEASE, FORCE_RELEASE, INSPECT) stay byte for byte, SHAs
+# and all (tests/stores/test_redis.py pins them): during a rolling upgrade (SPEC section 9) a
+# 0.1.0 process calls them on the same leases, and they ignore the fields they do not know.
 
 # Atomic: the free-or-mine check, the token drawn and the lease written in one script.
 # A free key gets token max(counter + 1, server TIME in microseconds): the counter keeps tokens
@@ -98,19 +105,125 @@ return lease
 
 # Atomic (testing aid, LockStore.warp): the lease's remaining time shortened by ARGV[1] ms in
 # one step; a lease with no time left is deleted as its expiry would delete it (no wake-up,
-# counter kept).
+# counter kept). A key's own record held by permits has its slots (KEYS[1]:<n>) shortened in
+# the same step, so it never ends before its latest slot.
 WARP_SCRIPT = """
-local left = redis.call('PTTL', KEYS[1])
-if left < 0 then
-  return 0
+local function warp(name)
+  local left = redis.call('PTTL', name)
+  if left < 0 then
+    return 0
+  end
+  left = left - tonumber(ARGV[1])
+  if left <= 0 then
+    redis.call('DEL', name)
+  else
+    redis.call('PEXPIRE', name, left)
+  end
+  return 1
 end
-left = left - tonumber(ARGV[1])
-if left <= 0 then
-  redis.call('DEL', KEYS[1])
-else
-  redis.call('PEXPIRE', KEYS[1], left)
+local lease = redis.call('HMGET', KEYS[1], 'owner', 'permits')
+if lease[1] == 'permits' and lease[2] then
+  for n = 1, tonumber(lease[2]) do
+    warp(KEYS[1] .. ':' .. n)
+  end
 end
-return 1
+return warp(KEYS[1])
+"""
+
+
+# Version 3 (0.2.0): the holder's description and the last renewal, in the same scripts.
+
+_NOW_MS = "tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)"
+
+# The token a free key (or a free slot of a key taken with permits) gets, as ACQUIRE_SCRIPT draws
+# it: max(counter + 1, server TIME in microseconds), refused beyond 2^53 - 1; leaves `now`,
+# `now_us` and `token_s` (the token as a string of all its digits) set.
+DRAW_TOKEN = """
+local now = redis.call('TIME')
+local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
+local token = tonumber(redis.call('GET', KEYS[2]) or '0') + 1
+if token < now_us then
+  token = now_us
+end
+if token > 9007199254740991 then
+  return redis.error_reply('django_locks: fencing token beyond 2^53 - 1, Lua numbers lose digits')
+end
+local token_s = string.format('%d', token)
+redis.call('SET', KEYS[2], token_s)
+"""
+
+# Atomic: ACQUIRE_SCRIPT, also writing what the holder says of itself ('holder' "host:pid", 'kind',
+# 'detail'); when another owner holds the key, that holder's fields, its PTTL and the server's
+# TIME in ms are returned instead of nil, in the same step (so expires_at is on the server's
+# clock). Success still answers the integer token. ARGV: owner, ttl, key, holder, kind, detail.
+# A key whose own record is held by permits (owner 'permits', see scripts_permits.py) answers
+# {'permits', N} instead, nothing written: a plain lock never takes it. So does a key "k#2" that
+# is a live slot of "k": KEYS[3], that slot's lease, is given on a lone server only (on Redis
+# Cluster it lives in another hash slot, and the store looks it up in a call of its own).
+ACQUIRE_AS_SCRIPT = f"""
+if KEYS[3] then
+  local slot = redis.call('HMGET', KEYS[3], 'key', 'permits')
+  if slot[1] == ARGV[3] and slot[2] then
+    return {{'permits', tonumber(slot[2])}}
+  end
+end
+local owner = redis.call('HGET', KEYS[1], 'owner')
+if owner then
+  if owner == 'permits' then
+    local permits = redis.call('HGET', KEYS[1], 'permits')
+    if permits then
+      return {{'permits', tonumber(permits)}}
+    end
+  end
+  if owner ~= ARGV[1] then
+    local lease = redis.call('HMGET', KEYS[1], 'holder', 'kind', 'detail', 'acquired_at')
+    local now = redis.call('TIME')
+    lease[5] = redis.call('PTTL', KEYS[1])
+    lease[6] = {_NOW_MS}
+    return lease
+  end
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return tonumber(redis.call('HGET', KEYS[1], 'token'))
+end
+{DRAW_TOKEN}
+redis.call('HSET', KEYS[1], 'key', ARGV[3], 'owner', ARGV[1], 'holder', ARGV[4],
+  'kind', ARGV[5], 'detail', ARGV[6],
+  'token', token_s, 'acquired_at', string.format('%d', math.floor(now_us / 1000)))
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return token
+"""
+
+# Atomic: RENEW_SCRIPT, also recording the server's TIME in ms as 'renewed_at'. With ARGV[3]
+# ('1'), KEYS[1] is one permit's slot and KEYS[2] its key's own record, whose expiry is moved to
+# at least the slot's in the same step (one script renews plain locks and permits alike, so a
+# renewal batch loads one script).
+RENEW_RECORDED_SCRIPT = f"""
+if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  local now = redis.call('TIME')
+  redis.call('HSET', KEYS[1], 'renewed_at', string.format('%d', {_NOW_MS}))
+  if ARGV[3] and redis.call('HGET', KEYS[2], 'owner') == 'permits'
+      and redis.call('PTTL', KEYS[2]) < tonumber(ARGV[2]) then
+    redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  end
+  return 1
+end
+return 0
+"""
+
+# Atomic: INSPECT_SCRIPT with the fields of version 3 (false where a 0.1.0 process wrote the
+# lease; 'permit' and 'permits' on a slot, 'permits' on a key's own record), its PTTL and the
+# server's TIME in ms, read in one step.
+DESCRIBE_SCRIPT = f"""
+local lease = redis.call('HMGET', KEYS[1], 'key', 'owner', 'holder', 'token', 'acquired_at',
+  'kind', 'detail', 'renewed_at', 'permit', 'permits')
+if not lease[2] then
+  return false
+end
+local now = redis.call('TIME')
+lease[11] = redis.call('PTTL', KEYS[1])
+lease[12] = {_NOW_MS}
+return lease
 """
 
 
@@ -130,8 +243,11 @@ ACQUIRE = _script(ACQUIRE_SCRIPT, idempotent=True)
 RENEW = _script(RENEW_SCRIPT, idempotent=True)
 RELEASE = _script(RELEASE_SCRIPT)
 FORCE_RELEASE = _script(FORCE_RELEASE_SCRIPT)
-INSPECT = _script(INSPECT_SCRIPT, idempotent=True)
+INSPECT = _script(INSPECT_SCRIPT, idempotent=True)  # 0.1.0's listing: no caller here
 WARP = _script(WARP_SCRIPT)
+ACQUIRE_AS = _script(ACQUIRE_AS_SCRIPT, idempotent=True)
+RENEW_RECORDED = _script(RENEW_RECORDED_SCRIPT, idempotent=True)
+DESCRIBE = _script(DESCRIBE_SCRIPT, idempotent=True)
 
 
 # RESP, as the server reads it (the commands only: replies are read by redis-py).
@@ -194,9 +310,11 @@ def siblings(lease: bytes) -> tuple[bytes, bytes]:
     return base + b"fence", base + b"released"
 
 
-def lease_pattern(prefix: str) -> str:
-    """The SCAN pattern of every lease under ``prefix``."""
-    return "".join("\\" + c if c in "*?[]\\" else c for c in prefix) + ":{*}:lease"
+def lease_pattern(prefix: str, *, slots: bool = False) -> str:
+    """The SCAN pattern of every lease under ``prefix``; with ``slots``, also every permit's
+    slot (``...:lease:<n>``, which 0.1.0's listing never matches)."""
+    escaped = "".join("\\" + c if c in "*?[]\\" else c for c in prefix)
+    return escaped + (":{*}:lease*" if slots else ":{*}:lease")
 
 
 # The calls of a lock: the start of each EVALSHA packed once per process, the key's names once
@@ -207,34 +325,66 @@ def _evalsha(script: Script, keys: int, args: int) -> bytes:
     return b"*%d\r\n" % (3 + keys + args) + bulk(b"EVALSHA") + bulk(script.sha) + bulk(b"%d" % keys)
 
 
-_ACQUIRE = _evalsha(ACQUIRE, 2, 4)
+_ACQUIRE_AS = _evalsha(ACQUIRE_AS, 2, 6)
+_ACQUIRE_AS_CHECKED = _evalsha(ACQUIRE_AS, 3, 6)
 _RENEW = _evalsha(RENEW, 2, 2)
+_RENEW_RECORDED = _evalsha(RENEW_RECORDED, 2, 2)
+_RENEW_FOLLOWED = _evalsha(RENEW_RECORDED, 2, 3)
+_FOLLOW = bulk(b"1")
 _RELEASE = _evalsha(RELEASE, 3, 1)
+EMPTY = bulk(b"")
 
 
-@functools.lru_cache(maxsize=16)
-def _bulk_text(text: str) -> bytes:
-    return bulk(text.encode())
+@functools.lru_cache(maxsize=64)
+def described(address: str, kind: str) -> bytes:
+    # A lone surrogate must not fail an acquire: it is written as "?".
+    return bulk(address.encode(errors="replace")) + bulk(kind.encode(errors="replace"))
 
 
-def acquire_call(names: Names, owner: str, ttl_ms: int, holder: str) -> bytes:
-    """The acquire script's call (ARGV: owner, ttl, holder, key)."""
-    return (
-        b"".join(
-            (
-                _ACQUIRE,
-                names.two_keys,
-                bulk(owner.encode()),
-                bulk(b"%d" % ttl_ms),
-                _bulk_text(holder),
-            )
+def acquire_as_call(
+    names: Names, owner: str, ttl_ms: int, holder: Holder, slot: bytes | None = None
+) -> bytes:
+    """The acquire-as script's call (ARGV: owner, ttl, key, holder's address, kind, detail);
+    the address and kind packed once per process, the detail (a task id: new for each task)
+    per call, cut at ``MAX_DETAIL`` as the database store's column is. ``slot``: the lease of
+    the permit slot the key names (``"k#2"``), checked in the same script (a lone server only)."""
+    detail = holder.detail
+    return b"".join(
+        (
+            _ACQUIRE_AS if slot is None else _ACQUIRE_AS_CHECKED,
+            names.two_keys if slot is None else names.two_keys + bulk(slot),
+            bulk(owner.encode()),
+            bulk(b"%d" % ttl_ms),
+            names.key,
+            described(holder.address, holder.kind),
+            bulk(detail[:MAX_DETAIL].encode(errors="replace")) if detail else EMPTY,
         )
-        + names.key
     )
 
 
 def renew_call(names: Names, owner: str, ttl_ms: int) -> bytes:
-    """The renew script's call (ARGV: owner, ttl)."""
+    """The renew script's call, recording the renewal (ARGV: owner, ttl)."""
+    return b"".join((_RENEW_RECORDED, names.two_keys, bulk(owner.encode()), bulk(b"%d" % ttl_ms)))
+
+
+def renew_slot_call(slot: bytes, base: Names, owner: str, ttl_ms: int) -> bytes:
+    """The renew script's call on one permit's ``slot`` lease, moving its key's own record
+    (``base.lease``) along (ARGV: owner, ttl, '1')."""
+    return b"".join(
+        (
+            _RENEW_FOLLOWED,
+            bulk(slot),
+            bulk(base.lease),
+            bulk(owner.encode()),
+            bulk(b"%d" % ttl_ms),
+            _FOLLOW,
+        )
+    )
+
+
+def leave_call(names: Names, owner: str, ttl_ms: int) -> bytes:
+    """0.1.0's renew script's call (ARGV: owner, ttl): a lease left to lapse is moved to its
+    end without counting as a renewal, as in the reference store."""
     return b"".join((_RENEW, names.two_keys, bulk(owner.encode()), bulk(b"%d" % ttl_ms)))
 
 
@@ -243,12 +393,8 @@ def release_call(names: Names, owner: str) -> bytes:
     return _RELEASE + names.three_keys + bulk(owner.encode())
 
 
-def inspect_call(lease: bytes) -> bytes:
-    return pack("EVALSHA", INSPECT.sha, 1, lease)
-
-
-def force_release_call(lease: bytes) -> bytes:
-    return pack("EVALSHA", FORCE_RELEASE.sha, 3, lease, *siblings(lease))
+def describe_call(lease: bytes) -> bytes:
+    return pack("EVALSHA", DESCRIBE.sha, 1, lease)
 
 
 def warp_call(lease: bytes, delta_ms: int) -> bytes:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
 import logging
 import threading
 import time
@@ -13,64 +12,30 @@ import redis.exceptions
 
 from django_locks.clock import MAX_WAIT
 from django_locks.durations import MAX_DURATION_MS, Duration
-from django_locks.exceptions import StoreError, StoreTimeoutError
+from django_locks.exceptions import PermitsMismatchError, StoreError, StoreTimeoutError
+from django_locks.holders import Holder
+from django_locks.keys import check_permits
+from django_locks.policy import POLICY
 from django_locks.stores import runtime
-from django_locks.stores.base import LeaseInfo, LockStore, check_older_than, holder_name
-from django_locks.stores.redis import checks, options, scripts
-from django_locks.stores.redis.cluster import Node, Topology
-from django_locks.stores.redis.wire import Pool
+from django_locks.stores.base import (
+    LeaseInfo,
+    LeaveReason,
+    LockStore,
+    PermitGrant,
+    ReleaseReason,
+    Slot,
+    check_older_than,
+    holder_name,
+)
+from django_locks.stores.redis import checks, options, replies, scripts
+from django_locks.stores.redis import scripts_permits as permit_scripts
+from django_locks.stores.redis.cluster import Node
+from django_locks.stores.redis.wire import Connections, Pool
 
 logger = logging.getLogger("django_locks")
 
 MAX_CALL_TIMEOUT = MAX_DURATION_MS / 1000
 """The longest bound of one call, in seconds (366 days): the longest a lock's call may take."""
-
-
-class _Process:
-    """The connections of one process (a ``ProcessLocal``: made afresh in a forked child, which
-    never uses or closes the parent's): a pool per server and kind (lock calls, waits), and the
-    Cluster's topology."""
-
-    def __init__(self, store: RedisStore) -> None:
-        self.store = store
-        self.pools: dict[tuple[str, Node | None], Pool] = {}
-        self.topology: Topology | None = None
-        self.lock = threading.Lock()
-
-    def pool(self, kind: str, node: Node | None) -> Pool:
-        with self.lock:
-            pool = self.pools.get((kind, node))
-            if pool is None:
-                store = self.store
-                kwargs = dict(store._connection_kwargs)
-                if node is not None:
-                    kwargs["host"], kwargs["port"] = node
-                pool = self.pools[kind, node] = Pool(
-                    options.where(kwargs, node),
-                    kwargs,
-                    store._options.connection_class,
-                    store.socket_connect_timeout,
-                    store.max_connections,
-                )
-            return pool
-
-    def cluster(self) -> Topology:
-        with self.lock:
-            if self.topology is None:
-                store = self.store
-                self.topology = Topology(
-                    store.url, store._options.extra, store.socket_connect_timeout
-                )
-            return self.topology
-
-    def close(self) -> None:
-        with self.lock:
-            pools, self.pools = self.pools, {}
-            topology, self.topology = self.topology, None
-        for pool in pools.values():
-            pool.close()
-        if topology is not None:
-            topology.close()
 
 
 class RedisStore(LockStore):
@@ -114,7 +79,7 @@ class RedisStore(LockStore):
         self.cluster = parsed.cluster
         self._options = parsed
         self._connection_kwargs = parsed.connection_kwargs
-        self._process: runtime.ProcessLocal[_Process] = runtime.ProcessLocal(lambda: _Process(self))
+        self._process = runtime.ProcessLocal(lambda: Connections(parsed))
         # Per process: another thread may hold it at fork() time.
         self._waits_lock = runtime.ProcessLocal(threading.Lock)
         self._waits_down = False  # waits for release notices fail (logged once per outage)
@@ -123,44 +88,117 @@ class RedisStore(LockStore):
         where = f"cache={self.cache!r}" if self.cache else f"url={options.redact(self.url)!r}"
         return f"<RedisStore {where} prefix={self.prefix!r}{' cluster' if self.cluster else ''}>"
 
+    def __str__(self) -> str:
+        """``Redis 127.0.0.1:6379/0``, ``Redis Cluster 10.0.0.5:7000``, with the cache alias
+        it borrows from (``(cache "locks")``); never the password."""
+        return options.label(self._options)
+
     # The contract (see LockStore for every rule).
 
     def acquire(
         self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None
     ) -> int | None:
+        """:meth:`acquire_as` describing the holder as this process (``host:pid``, kind
+        ``process``). The service calls :meth:`acquire_as`."""
+        taken = self.acquire_as(key, owner, ttl_ms, Holder.parse(holder_name()), timeout=timeout)
+        return taken if type(taken) is int else None
+
+    describes_holders = True
+    """The holder's description lives in the lease's hash, and a failed acquire answers with
+    it. How a lease ended is not kept: Redis deletes a lease as it ends (``keeps_ended_leases``
+    is False), so :meth:`end`, :meth:`leave` and :meth:`force_end` have nowhere to record it."""
+
+    def acquire_as(
+        self, key: str, owner: str, ttl_ms: int, holder: Holder, *, timeout: float | None = None
+    ) -> int | Holder | None:
+        """One script call: the token, or the holder of the key (its ``expires_at`` from its
+        PTTL and the server's TIME, read in the same script); ``PermitsMismatchError`` from the
+        same reply for a key held by permits or a live slot's key (``"k#2"``: ``_slot_named``)."""
         names = scripts.names(self.prefix, key)
-        command = scripts.acquire_call(names, owner, ttl_ms, holder_name())
-        reply = self._routed(names.lease, command, timeout, scripts.ACQUIRE)
-        return None if reply is None else int(reply)
+        deadline = self._deadline(timeout)
+        slot = self._slot_named(key, 1, deadline)
+        command = scripts.acquire_as_call(names, owner, ttl_ms, holder, slot)
+        reply = self._routed(names.lease, command, self._left(deadline), scripts.ACQUIRE_AS)
+        taken = replies.taken(key, 1, reply)
+        assert not isinstance(taken, PermitGrant)  # a plain acquire is granted no permit
+        return taken
+
+    supports_permits = True
+    """A key's slots and its own record live under the key's hash tag (``scripts_permits``)."""
+
+    def acquire_permit(
+        self,
+        key: str,
+        owner: str,
+        ttl_ms: int,
+        permits: int,
+        holder: Holder,
+        *,
+        timeout: float | None = None,
+    ) -> PermitGrant | Holder | None:
+        """One script call (see :meth:`LockStore.acquire_permit`): the grant, the holder of
+        the slot ending first, or ``PermitsMismatchError``, all from its reply."""
+        if check_permits(permits) < 2:
+            raise ValueError(f"`permits` of acquire_permit() must be 2 or more, got {permits!r}")
+        names = scripts.names(self.prefix, key)
+        deadline = self._deadline(timeout)
+        slot = self._slot_named(key, permits, deadline)
+        command = permit_scripts.acquire_permit_call(names, owner, ttl_ms, permits, holder, slot)
+        reply = self._routed(
+            names.lease, command, self._left(deadline), permit_scripts.ACQUIRE_PERMIT
+        )
+        taken = replies.taken(key, permits, reply)
+        assert not isinstance(taken, int)  # the permits script answers a grant, not a token
+        return taken
+
+    def _slot_named(self, key: str, permits: int, deadline: float) -> bytes | None:
+        """For a key shaped like a slot's (``"k#2"``), the lease of that slot of ``k``, for the
+        acquire's script to check on a lone server. On Redis Cluster (another hash slot) it is
+        read here, in a call before the acquire's, raising ``PermitsMismatchError`` if live."""
+        shaped = permit_scripts.shaped_slot(self.prefix, key)
+        if shaped is None or not self.cluster:
+            return None if shaped is None else shaped[0]
+        slot = shaped[0]
+        row = self._routed(
+            slot, scripts.describe_call(slot), self._left(deadline), scripts.DESCRIBE
+        )
+        if row is not None and row[0] == key.encode():
+            raise PermitsMismatchError(key, permits, int(row[9]) if permits == 1 else 1)
+        return None
 
     def renew(self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None) -> bool:
+        name, command = self._renew_call(key, owner, ttl_ms)
+        return bool(self._routed(name, command, timeout, scripts.RENEW_RECORDED) == 1)
+
+    def _renew_call(self, key: str, owner: str, ttl_ms: int) -> tuple[bytes, bytes]:
+        """The lease renewed (a ``Slot``'s under its base key's hash tag) and its call."""
+        if isinstance(key, Slot):
+            slot, base = permit_scripts.slot_names(self.prefix, key.base, key.permit)
+            return slot, scripts.renew_slot_call(slot, base, owner, ttl_ms)
         names = scripts.names(self.prefix, key)
-        command = scripts.renew_call(names, owner, ttl_ms)
-        return bool(self._routed(names.lease, command, timeout, scripts.RENEW) == 1)
+        return names.lease, scripts.renew_call(names, owner, ttl_ms)
 
     def renew_many(
         self, leases: Sequence[tuple[str, str, int]], *, timeout: float | None = None
     ) -> list[bool]:
-        """One pipeline per server: the renew script once per lease (each one atomic), after a
-        ``SCRIPT LOAD`` in the same round trip, so that a flushed script cannot fail the batch."""
+        """One pipeline per server: the renew script once per lease (each one atomic; a
+        ``Slot``'s moving its key's record along), after a ``SCRIPT LOAD`` in the same round
+        trip, so that a flushed script cannot fail the batch."""
         deadline = self._deadline(timeout)
+        calls = [self._renew_call(key, owner, ttl_ms) for key, owner, ttl_ms in leases]
         by_node: dict[Node | None, list[int]] = {}
-        for index, (key, _, _) in enumerate(leases):
-            node = self._node_for(scripts.names(self.prefix, key).lease, deadline)
-            by_node.setdefault(node, []).append(index)
+        for index, (name, _) in enumerate(calls):
+            by_node.setdefault(self._node_for(name, deadline), []).append(index)
         results = [False] * len(leases)
         for node, indexes in by_node.items():
-            commands = [scripts.script_load(scripts.RENEW)]
-            for index in indexes:
-                key, owner, ttl_ms = leases[index]
-                commands.append(scripts.renew_call(scripts.names(self.prefix, key), owner, ttl_ms))
+            commands = [scripts.script_load(scripts.RENEW_RECORDED)]
+            commands += [calls[index][1] for index in indexes]
             replies = self._on_node(node, lambda pool, c=commands: pool.pipeline(c, deadline))
             for index, reply in zip(indexes, replies[1:], strict=True):
                 if isinstance(reply, redis.exceptions.AskError):
                     # The key's slot moved (Cluster): this one goes on its own, redirected.
                     key, owner, ttl_ms = leases[index]
-                    left = max(deadline - time.monotonic(), 0)
-                    results[index] = self.renew(key, owner, ttl_ms, timeout=left)
+                    results[index] = self.renew(key, owner, ttl_ms, timeout=self._left(deadline))
                 elif isinstance(reply, BaseException):
                     what = self._pool(node).what
                     raise runtime.translated(reply, what, timed_out=False) from reply
@@ -169,16 +207,39 @@ class RedisStore(LockStore):
         return results
 
     def release(self, key: str, owner: str, *, timeout: float | None = None) -> bool:
+        if isinstance(key, Slot):
+            slot, base = permit_scripts.slot_names(self.prefix, key.base, key.permit)
+            command = permit_scripts.release_permit_call(slot, base, owner)
+            return bool(self._routed(slot, command, timeout, permit_scripts.RELEASE_PERMIT) == 1)
         names = scripts.names(self.prefix, key)
         command = scripts.release_call(names, owner)
         return bool(self._routed(names.lease, command, timeout, scripts.RELEASE) == 1)
 
-    def wait_for_release(self, key: str, timeout: float) -> bool:
-        """Block up to ``timeout`` seconds in BLPOP on the key's wake-up list.
+    def end(
+        self, key: str, owner: str, how: ReleaseReason, *, timeout: float | None = None
+    ) -> bool:
+        """:meth:`release`: the lease is deleted, ``how`` with it (nothing lists an ended
+        lease on Redis)."""
+        return self.release(key, owner, timeout=timeout)
 
-        One release wakes one waiter. Waits use connections of their own (up to
-        ``max_connections`` per server), so blocked waiters never hold up renewals; a waiter that
-        finds them all busy waits for one until its timeout and returns ``False``.
+    def leave(
+        self, key: str, owner: str, ttl_ms: int, how: LeaveReason, *, timeout: float | None = None
+    ) -> bool:
+        """:meth:`renew` to ``ttl_ms``, not recorded as a renewal; ``how`` is not kept: the
+        lease is listed as held until it expires, then not at all."""
+        if isinstance(key, Slot):
+            slot, base = permit_scripts.slot_names(self.prefix, key.base, key.permit)
+            command = permit_scripts.leave_permit_call(slot, base, owner, ttl_ms)
+            return bool(self._routed(slot, command, timeout, permit_scripts.LEAVE_PERMIT) == 1)
+        names = scripts.names(self.prefix, key)
+        command = scripts.leave_call(names, owner, ttl_ms)
+        return bool(self._routed(names.lease, command, timeout, scripts.RENEW) == 1)
+
+    def wait_for_release(self, key: str, timeout: float) -> bool:
+        """Block up to ``timeout`` seconds in BLPOP on the key's wake-up list (then, not woken,
+        ``POLICY.head_start()`` more). One release wakes one waiter. Waits use connections of
+        their own (up to ``max_connections`` per server), so blocked waiters never hold up
+        renewals; a waiter that finds them all busy waits until its timeout: ``False``.
 
         A waiter outlives its connection: when the connection it blocks on fails (``CLIENT
         KILL``, a proxy, a restart) it waits again on a fresh one; when that fails too, it sleeps
@@ -204,6 +265,8 @@ class RedisStore(LockStore):
                 time.sleep(max(give_up - time.monotonic(), 0))
                 return False
             self._waits_work()
+            if reply is None:  # ended on the server's tick, with others' (see the policy)
+                time.sleep(POLICY.head_start())
             return reply is not None
         return False  # not reached
 
@@ -226,22 +289,27 @@ class RedisStore(LockStore):
     # Listing, operators' and testing aids.
 
     def leases(self, *, include_inactive: bool = False) -> list[LeaseInfo]:
-        """Held leases only: Redis forgets a lease once it is released or expired."""
+        """Held leases only (each slot of a key taken with permits, and its record): Redis
+        forgets a lease once it is released or expired."""
         found = []
-        for name in self._scan_leases():
-            row = self._routed(name, scripts.inspect_call(name), None, scripts.INSPECT)
+        for name in self._scan_leases(slots=True):
+            row = self._routed(name, scripts.describe_call(name), None, scripts.DESCRIBE)
             if row is not None:
-                found.append(_lease_info(row))
+                found.append(replies.lease_info(row))
         return sorted(found, key=lambda lease: lease.key)
 
     def lease(self, key: str, *, include_inactive: bool = False) -> LeaseInfo | None:
-        """The key's held lease, read in one script call (one round trip); ``None`` when none
-        holds it (Redis keeps no released or expired lease, whatever ``include_inactive``)."""
+        """The key's held lease, read in one script call (one round trip; a key shaped like a
+        slot's, ``"k#2"``, not held plainly: one more, for the slot); ``None`` when none holds
+        it (Redis keeps no released or expired lease, whatever ``include_inactive``)."""
         lease = scripts.names(self.prefix, key).lease
-        row = self._routed(lease, scripts.inspect_call(lease), None, scripts.INSPECT)
+        row = self._routed(lease, scripts.describe_call(lease), None, scripts.DESCRIBE)
+        if row is None and (shaped := permit_scripts.shaped_slot(self.prefix, key)) is not None:
+            lease = shaped[0]
+            row = self._routed(lease, scripts.describe_call(lease), None, scripts.DESCRIBE)
         if row is None:
             return None
-        info = _lease_info(row)
+        info = replies.lease_info(row)
         return info if info.key == key else None  # a digest collision: another key's lease
 
     def prune(self, older_than_ms: int, *, dry_run: bool = False) -> int:
@@ -255,19 +323,32 @@ class RedisStore(LockStore):
             self._force_release(name)
 
     def force_release(self, key: str) -> bool:
+        """Frees the key's plain lease, or its record and every slot of it; a slot's key
+        (``"k#2"``) frees that slot, the record following as for :meth:`end`."""
+        shaped = permit_scripts.shaped_slot(self.prefix, key)
+        if shaped is not None:
+            slot, base = shaped
+            command = permit_scripts.force_release_slot_call(slot, base, key)
+            if self._routed(slot, command, None, permit_scripts.FORCE_RELEASE_SLOT) == 1:
+                return True
         return self._force_release(scripts.names(self.prefix, key).lease)
+
+    def force_end(self, key: str, by: str) -> bool:
+        """:meth:`force_release`; ``by`` is not kept (the lease is deleted): the admin's log and
+        ``locks release``'s warning name who released it."""
+        return self.force_release(key)
 
     def warp(self, delta_ms: int) -> None:
         for name in self._scan_leases():
             self._routed(name, scripts.warp_call(name, delta_ms), None, scripts.WARP)
 
     def _force_release(self, lease: bytes) -> bool:
-        command = scripts.force_release_call(lease)
-        return bool(self._routed(lease, command, None, scripts.FORCE_RELEASE) == 1)
+        command = permit_scripts.force_end_call(lease, *scripts.siblings(lease))
+        return bool(self._routed(lease, command, None, permit_scripts.FORCE_END) == 1)
 
-    def _scan_leases(self) -> Iterator[bytes]:
+    def _scan_leases(self, *, slots: bool = False) -> Iterator[bytes]:
         # Each master lists its own keys; the calls on a key are routed (MOVED-safe) anyway.
-        pattern = scripts.lease_pattern(self.prefix)
+        pattern = scripts.lease_pattern(self.prefix, slots=slots)
         for node in self._primaries(self._deadline(None)):
             cursor: bytes | int = b"0"
             while True:
@@ -297,6 +378,10 @@ class RedisStore(LockStore):
     def _keys(self, key: str) -> tuple[bytes, bytes]:
         names = scripts.names(self.prefix, key)
         return names.lease, names.fence
+
+    @staticmethod
+    def _left(deadline: float) -> float:  # a deadline's time left, as a timeout
+        return max(deadline - time.monotonic(), 0)
 
     def _deadline(self, timeout: float | None) -> float:
         if timeout is None:
@@ -363,18 +448,3 @@ class RedisStore(LockStore):
         if not self.cluster:
             return [None]
         return list(self._process.get().cluster().primaries(deadline))
-
-
-def _lease_info(row: list[Any]) -> LeaseInfo:
-    """The inspect script's reply as a ``LeaseInfo``."""
-    key, owner, holder, token, acquired_at, pttl = row
-    return LeaseInfo(
-        key=key.decode(),
-        state="held",
-        owner=owner.decode(),
-        holder=holder.decode(),
-        fencing_token=int(token),
-        acquired_at=datetime.datetime.fromtimestamp(int(acquired_at) / 1000, tz=datetime.UTC),
-        # PTTL is -1 only for a lease someone stripped of its expiry by hand.
-        expires_in=datetime.timedelta(milliseconds=int(pttl)) if pttl >= 0 else None,
-    )

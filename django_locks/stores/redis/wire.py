@@ -18,6 +18,8 @@ import redis.exceptions
 
 from django_locks.exceptions import StoreError, StoreTimeoutError
 from django_locks.stores import runtime
+from django_locks.stores.redis import options
+from django_locks.stores.redis.cluster import Node, Topology
 from django_locks.stores.redis.scripts import Script, pack, script_load, verb
 
 ERRORS = (redis.exceptions.RedisError, OSError)
@@ -282,3 +284,48 @@ def _reply(conn: Any) -> Any:
         return conn.read_response()
     except redis.exceptions.ResponseError as exc:
         return exc
+
+
+class Connections:
+    """The connections of one process (a ``ProcessLocal`` of the store: made afresh in a
+    forked child, which never uses or closes the parent's): a pool per server and kind (lock
+    calls, waits), and the Cluster's topology."""
+
+    def __init__(self, store_options: options.Options) -> None:
+        self.options = store_options
+        self.pools: dict[tuple[str, Node | None], Pool] = {}
+        self.topology: Topology | None = None
+        self.lock = threading.Lock()
+
+    def pool(self, kind: str, node: Node | None) -> Pool:
+        with self.lock:
+            pool = self.pools.get((kind, node))
+            if pool is None:
+                store = self.options
+                kwargs = dict(store.connection_kwargs)
+                if node is not None:
+                    kwargs["host"], kwargs["port"] = node
+                pool = self.pools[kind, node] = Pool(
+                    options.where(kwargs, node),
+                    kwargs,
+                    store.connection_class,
+                    store.socket_connect_timeout,
+                    store.max_connections,
+                )
+            return pool
+
+    def cluster(self) -> Topology:
+        with self.lock:
+            if self.topology is None:
+                store = self.options
+                self.topology = Topology(store.url, store.extra, store.socket_connect_timeout)
+            return self.topology
+
+    def close(self) -> None:
+        with self.lock:
+            pools, self.pools = self.pools, {}
+            topology, self.topology = self.topology, None
+        for pool in pools.values():
+            pool.close()
+        if topology is not None:
+            topology.close()
