@@ -16,6 +16,7 @@ from typing import Any
 
 import redis.exceptions
 
+from django_locks.durations import MAX_DURATION_MS
 from django_locks.exceptions import StoreError, StoreTimeoutError
 from django_locks.stores import runtime
 from django_locks.stores.redis import options
@@ -24,6 +25,9 @@ from django_locks.stores.redis.scripts import Script, pack, script_load, verb
 
 ERRORS = (redis.exceptions.RedisError, OSError)
 _ASKING = pack("ASKING")
+
+MAX_CALL_TIMEOUT = MAX_DURATION_MS / 1000
+"""The longest bound of one call, in seconds (366 days): the longest a lock's call may take."""
 
 
 class Link:
@@ -329,3 +333,80 @@ class Connections:
             pool.close()
         if topology is not None:
             topology.close()
+
+
+class Calls:
+    """The Redis store's calls, routed: each to the server serving its key (on Redis Cluster,
+    following MOVED and ASK), within its deadline. ``RedisStore`` is one."""
+
+    cluster: bool
+    socket_timeout: float
+    _process: runtime.ProcessLocal[Connections]
+
+    @staticmethod
+    def _left(deadline: float) -> float:  # a deadline's time left, as a timeout
+        return max(deadline - time.monotonic(), 0)
+
+    def _deadline(self, timeout: float | None) -> float:
+        if timeout is None:
+            timeout = self.socket_timeout
+        # Capped at the longest ttl: a deadline past about 300 years overflows time_t.
+        return time.monotonic() + min(timeout, MAX_CALL_TIMEOUT)
+
+    def _pool(self, node: Node | None, kind: str = "ops") -> Pool:
+        process = self._process.get()
+        pool = process.pools.get((kind, node))
+        return pool if pool is not None else process.pool(kind, node)
+
+    def _routed(self, name: bytes, command: bytes, timeout: float | None, script: Script) -> Any:
+        """``command`` (a ``script`` call on the key named ``name``) on the server serving it."""
+        deadline = self._deadline(timeout)
+        if not self.cluster:
+            return self._pool(None).call(command, deadline, script)
+
+        def send(node: Node, asking: bool) -> Any:
+            def on(pool: Pool) -> Any:
+                if asking:
+                    return pool.asking(command, deadline, script)
+                return pool.call(command, deadline, script)
+
+            return self._on_node(node, on)
+
+        return self._process.get().cluster().routed(name, deadline, send)
+
+    def _wait_call(self, wakeup: bytes, command: bytes, deadline: float) -> Any:
+        """A BLPOP on the server serving ``wakeup``, on a wait connection; on Redis Cluster it
+        follows MOVED and ASK as every call does (a slot migrating must not end a waiter with
+        a redirection it cannot read)."""
+        if not self.cluster:
+            return self._pool(None, "wait").call(command, deadline)
+
+        def send(node: Node, asking: bool) -> Any:
+            def on(pool: Pool) -> Any:
+                return pool.asking(command, deadline) if asking else pool.call(command, deadline)
+
+            return self._on_node(node, on, purpose="wait")
+
+        return self._process.get().cluster().routed(wakeup, deadline, send)
+
+    def _on_node(self, node: Node | None, call: Any, *, purpose: str = "ops") -> Any:
+        """``call(pool)`` on ``node``'s pool for ``purpose`` (lock calls, or waits); a Cluster
+        node that failed (not an error reply) has the topology discovered again before the
+        next call."""
+        try:
+            return call(self._pool(node, purpose))
+        except StoreError as exc:
+            cause = exc.__cause__  # None: no free connection, the node did not fail
+            if node is not None and cause and not isinstance(cause, redis.exceptions.ResponseError):
+                self._process.get().cluster().failed()
+            raise
+
+    def _node_for(self, name: bytes, deadline: float) -> Node | None:
+        if not self.cluster:
+            return None
+        return self._process.get().cluster().node_for(name, deadline)
+
+    def _primaries(self, deadline: float) -> list[Node | None]:
+        if not self.cluster:
+            return [None]
+        return list(self._process.get().cluster().primaries(deadline))
