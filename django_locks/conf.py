@@ -12,7 +12,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 from django_locks.clock import Clock
-from django_locks.durations import min_hold_ms, ttl_ms
+from django_locks.durations import max_hold_ms, min_hold_ms, ttl_ms
+from django_locks.keys import MAX_KEY_LENGTH
 from django_locks.stores.base import LockStore
 
 DEFAULTS: dict[str, Any] = {
@@ -23,11 +24,18 @@ DEFAULTS: dict[str, Any] = {
     "ALLOW_IN_MEMORY_STORAGE": False,
     "CELERY_BEAT_LEADER": False,
     "CLOCK": None,
+    "KEY_PREFIX": "",
+    "MAX_HOLD": None,
     "METRICS": [],
 }
 
 EXPORTERS = ("opentelemetry", "prometheus")
 """The exporters ``LOCKS["METRICS"]`` may name (``django_locks.exporters`` turns them on)."""
+
+MAX_KEY_PREFIX_LENGTH = 400
+"""The longest ``LOCKS["KEY_PREFIX"]``, in characters: it counts towards the 500 characters of
+every key (with the derived suffixes ``:owner`` and ``#<permit>``), so this leaves every key
+at least 87 characters of its own."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +51,8 @@ class LocksSettings:
     celery_beat_leader: bool
     clock: Clock | None
     metrics: tuple[str, ...] = ()
+    key_prefix: str = ""
+    max_hold_ms: int | None = None
 
     @property
     def in_memory(self) -> bool:
@@ -92,6 +102,11 @@ def read(raw: object = None) -> LocksSettings:
             durations[name] = bounded(values[name], name=f"LOCKS['{name}']")
         except (TypeError, ValueError) as exc:
             raise ImproperlyConfigured(str(exc)) from exc
+    try:
+        max_hold = max_hold_ms(values["MAX_HOLD"], name="LOCKS['MAX_HOLD']")
+        key_prefix = check_key_prefix(values["KEY_PREFIX"], name="LOCKS['KEY_PREFIX']")
+    except (TypeError, ValueError) as exc:
+        raise ImproperlyConfigured(str(exc)) from exc
     for name in ("ALLOW_IN_MEMORY_STORAGE", "CELERY_BEAT_LEADER"):
         if not isinstance(values[name], bool):
             raise ImproperlyConfigured(
@@ -107,7 +122,35 @@ def read(raw: object = None) -> LocksSettings:
         celery_beat_leader=values["CELERY_BEAT_LEADER"],
         clock=_read_clock(values["CLOCK"]),
         metrics=_read_metrics(values["METRICS"]),
+        key_prefix=key_prefix,
+        max_hold_ms=max_hold,
     )
+
+
+def check_key_prefix(value: object, *, name: str = "key_prefix") -> str:
+    """``value`` if it is a valid key prefix: a ``str`` (``""``: none) of at most
+    :data:`MAX_KEY_PREFIX_LENGTH` characters, any Unicode but NUL and lone surrogates (it
+    becomes the start of every key). ``TypeError`` / ``ValueError`` naming ``name``, the rule
+    and the value otherwise."""
+    if not isinstance(value, str):
+        raise TypeError(
+            f"`{name}` must be a str prepended to every key ('' for none), got "
+            f"{type(value).__name__} {value!r}"
+        )
+    if len(value) > MAX_KEY_PREFIX_LENGTH:
+        raise ValueError(
+            f"`{name}` must be at most {MAX_KEY_PREFIX_LENGTH} characters: it counts towards "
+            f"the {MAX_KEY_LENGTH} characters of every key, got {len(value)}: {value[:40]!r}..."
+        )
+    if "\x00" in value:
+        raise ValueError(f"`{name}` must not contain NUL characters, got {value!r}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(
+            f"`{name}` must not contain lone surrogates (it must encode as UTF-8), got {value!r}"
+        ) from None
+    return value
 
 
 def _read_metrics(value: object) -> tuple[str, ...]:
