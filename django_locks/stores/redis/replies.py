@@ -1,4 +1,5 @@
-"""The Redis store's script replies read: an acquire's answer, a ``Holder``, a ``LeaseInfo``."""
+"""The Redis store's script replies read: an acquire's and a renewal's answers, a ``Holder``, a
+``LeaseInfo``."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 from django_locks.exceptions import PermitsMismatchError
 from django_locks.holders import Holder
-from django_locks.stores.base import LeaseInfo, PermitGrant
+from django_locks.stores.base import PREEMPTED, LeaseInfo, PermitGrant, Renewed
 
 
 def _utc(ms: int) -> datetime.datetime:
@@ -75,3 +76,11 @@ def taken(key: str, permits: int, reply: Any) -> int | PermitGrant | Holder | No
             raise PermitsMismatchError(key, permits, int(live))
         return PermitGrant(int(first), int(live))
     return holder(*reply)
+
+
+def renewed(reply: Any) -> Renewed:
+    """The renew script's reply read: 1 renewed (``True``), 2 preempted (``PREEMPTED``: a
+    request names the lease's token), anything else refused (``False``)."""
+    if reply == 1:
+        return True
+    return PREEMPTED if reply == 2 else False

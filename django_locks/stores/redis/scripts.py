@@ -14,8 +14,9 @@ from django_locks.holders import MAX_DETAIL, Holder
 # Cluster slot. Expiry is PEXPIRE in milliseconds on the server's clock.
 #
 # KEYS[1] is the lease, a hash {key, owner, holder, token, acquired_at} (0.1.0's layout), to which
-# 0.2.0 adds {kind, detail, renewed_at} (see ACQUIRE_AS_SCRIPT); KEYS[2] is the key's fencing
-# counter, a string that never expires and only grows.
+# 0.2.0 adds {kind, detail, renewed_at} (see ACQUIRE_AS_SCRIPT) and {preempt} (a preempt request,
+# scripts_preempt.py); KEYS[2] is the key's fencing counter, a string that never expires and only
+# grows.
 #
 # The scripts of 0.1.0 (ACQUIRE, RENEW, RELEASE, FORCE_RELEASE, INSPECT) stay byte for byte, SHAs
 # and all (tests/stores/test_redis.py pins them): during a rolling upgrade (SPEC section 9) a
@@ -196,9 +197,15 @@ return token
 # Atomic: RENEW_SCRIPT, also recording the server's TIME in ms as 'renewed_at'. With ARGV[3]
 # ('1'), KEYS[1] is one permit's slot and KEYS[2] its key's own record, whose expiry is moved to
 # at least the slot's in the same step (one script renews plain locks and permits alike, so a
-# renewal batch loads one script).
+# renewal batch loads one script). A lease carrying a preempt request naming its own token
+# ('preempt', see scripts_preempt.py) answers 2, neither extended nor recorded: checked in the
+# same step as the owner, so no renewal after the request's write extends the lease.
 RENEW_RECORDED_SCRIPT = f"""
-if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
+local lease = redis.call('HMGET', KEYS[1], 'owner', 'token', 'preempt')
+if lease[1] == ARGV[1] then
+  if lease[3] and lease[3] == lease[2] then
+    return 2
+  end
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   local now = redis.call('TIME')
   redis.call('HSET', KEYS[1], 'renewed_at', string.format('%d', {_NOW_MS}))

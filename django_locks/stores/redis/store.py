@@ -23,12 +23,14 @@ from django_locks.stores.base import (
     LockStore,
     PermitGrant,
     ReleaseReason,
+    Renewed,
     Slot,
     check_older_than,
     holder_name,
 )
 from django_locks.stores.redis import checks, options, replies, scripts
 from django_locks.stores.redis import scripts_permits as permit_scripts
+from django_locks.stores.redis import scripts_preempt as preempt_scripts
 from django_locks.stores.redis.cluster import Node
 from django_locks.stores.redis.wire import Calls, Connections
 
@@ -163,9 +165,11 @@ class RedisStore(Calls, LockStore):
             raise PermitsMismatchError(key, permits, int(row[9]) if permits == 1 else 1)
         return None
 
-    def renew(self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None) -> bool:
+    def renew(self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None) -> Renewed:
+        """One script call: renewed, refused, or ``PREEMPTED`` (not extended) for a lease
+        carrying a preempt request naming its token (:meth:`preempt`)."""
         name, command = self._renew_call(key, owner, ttl_ms)
-        return bool(self._routed(name, command, timeout, scripts.RENEW_RECORDED) == 1)
+        return replies.renewed(self._routed(name, command, timeout, scripts.RENEW_RECORDED))
 
     def _renew_call(self, key: str, owner: str, ttl_ms: int) -> tuple[bytes, bytes]:
         """The lease renewed (a ``Slot``'s under its base key's hash tag) and its call."""
@@ -177,21 +181,21 @@ class RedisStore(Calls, LockStore):
 
     def renew_many(
         self, leases: Sequence[tuple[str, str, int]], *, timeout: float | None = None
-    ) -> list[bool]:
+    ) -> list[Renewed]:
         """One pipeline per server: the renew script once per lease (each one atomic; a
-        ``Slot``'s moving its key's record along), after a ``SCRIPT LOAD`` in the same round
-        trip, so that a flushed script cannot fail the batch."""
+        ``Slot``'s moving its key's record along; each answering as :meth:`renew` does), after a
+        ``SCRIPT LOAD`` in the same round trip, so that a flushed script cannot fail the batch."""
         deadline = self._deadline(timeout)
         calls = [self._renew_call(key, owner, ttl_ms) for key, owner, ttl_ms in leases]
         by_node: dict[Node | None, list[int]] = {}
         for index, (name, _) in enumerate(calls):
             by_node.setdefault(self._node_for(name, deadline), []).append(index)
-        results = [False] * len(leases)
+        results: list[Renewed] = [False] * len(leases)
         for node, indexes in by_node.items():
             commands = [scripts.script_load(scripts.RENEW_RECORDED)]
             commands += [calls[index][1] for index in indexes]
-            replies = self._on_node(node, lambda pool, c=commands: pool.pipeline(c, deadline))
-            for index, reply in zip(indexes, replies[1:], strict=True):
+            answers = self._on_node(node, lambda pool, c=commands: pool.pipeline(c, deadline))
+            for index, reply in zip(indexes, answers[1:], strict=True):
                 if isinstance(reply, redis.exceptions.AskError):
                     # The key's slot moved (Cluster): this one goes on its own, redirected.
                     key, owner, ttl_ms = leases[index]
@@ -200,8 +204,20 @@ class RedisStore(Calls, LockStore):
                     what = self._pool(node).what
                     raise runtime.translated(reply, what, timed_out=False) from reply
                 else:
-                    results[index] = reply == 1
+                    results[index] = replies.renewed(reply)
         return results
+
+    supports_preempt = True
+    """A preempt request is a field of the lease it asks (a plain lease, or a slot under
+    permits), so it expires and is deleted with that lease (``scripts_preempt``)."""
+
+    def preempt(self, key: str, *, timeout: float | None = None) -> int | None:
+        """One script call on the key's lease: the request written on it (under permits, on
+        its live slot with the lowest token) and that lease's token, or ``None``."""
+        names = scripts.names(self.prefix, key)
+        command = preempt_scripts.preempt_call(names)
+        reply = self._routed(names.lease, command, timeout, preempt_scripts.PREEMPT)
+        return None if reply is None else int(reply)
 
     def release(self, key: str, owner: str, *, timeout: float | None = None) -> bool:
         if isinstance(key, Slot):
@@ -222,8 +238,10 @@ class RedisStore(Calls, LockStore):
     def leave(
         self, key: str, owner: str, ttl_ms: int, how: LeaveReason, *, timeout: float | None = None
     ) -> bool:
-        """:meth:`renew` to ``ttl_ms``, not recorded as a renewal; ``how`` is not kept: the
-        lease is listed as held until it expires, then not at all."""
+        """:meth:`renew` to ``ttl_ms``, not recorded as a renewal, whatever preempt request the
+        lease carries (the holder's last word: ``True`` or ``False``); ``how`` (any
+        :data:`LeaveReason`, ``"max hold"`` too) is not kept: the lease is listed as held until
+        it expires, then not at all."""
         if isinstance(key, Slot):
             slot, base = permit_scripts.slot_names(self.prefix, key.base, key.permit)
             command = permit_scripts.leave_permit_call(slot, base, owner, ttl_ms)
