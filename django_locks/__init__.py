@@ -18,6 +18,7 @@ _LAZY = {
     "LockReleasedError": "django_locks.exceptions",
     "LocksError": "django_locks.exceptions",
     "PermitsMismatchError": "django_locks.exceptions",
+    "PreemptedError": "django_locks.exceptions",
     "StoreError": "django_locks.exceptions",
     "StoreTimeoutError": "django_locks.exceptions",
     "Holder": "django_locks.holders",
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     from django_locks.exceptions import LockReleasedError as LockReleasedError
     from django_locks.exceptions import LocksError as LocksError
     from django_locks.exceptions import PermitsMismatchError as PermitsMismatchError
+    from django_locks.exceptions import PreemptedError as PreemptedError
     from django_locks.exceptions import StoreError as StoreError
     from django_locks.exceptions import StoreTimeoutError as StoreTimeoutError
     from django_locks.holders import Holder as Holder

@@ -30,6 +30,7 @@ class LockBlock:
         signal: AbortSignal | None,
         label: str | None = None,
         permits: int = 1,
+        max_hold_ms: int | None = None,
     ) -> None:
         # Checked by lock() / alock() already: entering validates nothing again.
         self._locks = locks
@@ -42,6 +43,7 @@ class LockBlock:
             "lock",
         )
         self._permits = permits
+        self._max_hold_ms = max_hold_ms
         self._key = key
         self._lock: Lock | None = None
         self._context_token: contextvars.Token[Lock | None] | None = None
@@ -59,7 +61,10 @@ class LockBlock:
         return self._lock
 
     def __enter__(self) -> Lock:
-        return self._entered(self._locks._acquire(*self._args, permits=self._permits))
+        found = self._locks._acquire(
+            *self._args, permits=self._permits, max_hold_ms=self._max_hold_ms
+        )
+        return self._entered(found)
 
     def __exit__(
         self,
@@ -71,7 +76,10 @@ class LockBlock:
         self._leaving().__exit__(exc_type, exc, tb)
 
     async def __aenter__(self) -> Lock:
-        return self._entered(await self._locks._aacquire(*self._args, permits=self._permits))
+        found = await self._locks._aacquire(
+            *self._args, permits=self._permits, max_hold_ms=self._max_hold_ms
+        )
+        return self._entered(found)
 
     async def __aexit__(
         self,

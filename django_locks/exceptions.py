@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     from django_locks.holders import Holder
 
-DetectedBy = Literal["renewal", "deadline"]
+DetectedBy = Literal["renewal", "deadline", "max_hold", "preempted"]
 
 
 class LocksError(Exception):
@@ -62,7 +62,9 @@ class LockLostError(LocksError):
 
     ``detected_by`` is ``"renewal"`` when the store refused a renewal (another owner took the key,
     or the lease had expired), ``"deadline"`` when no renewal was confirmed before the holder's
-    deadline (the store was unreachable, a call hung, or the process was paused).
+    deadline (the store was unreachable, a call hung, or the process was paused),
+    ``"max_hold"`` when the lock reached its ``max_hold`` (renewals stopped; the lease lapses at
+    its ttl), ``"preempted"`` (:class:`PreemptedError`) when a replacing run asked for it.
     """
 
     def __init__(self, key: str, fencing_token: int, detected_by: DetectedBy) -> None:
@@ -72,8 +74,21 @@ class LockLostError(LocksError):
         how = {
             "renewal": "the store refused its renewal",
             "deadline": "no renewal was confirmed before its deadline",
+            "max_hold": "it was held for its max_hold (renewals stopped; it lapses at its ttl)",
+            "preempted": "a run with on_conflict='replace' asked for it (renewals stopped; it "
+            "is released when the block ends, else lapses at its ttl)",
         }[detected_by]
         super().__init__(f"Lock {key!r} (fencing token {fencing_token}) was lost: {how}.")
+
+
+class PreemptedError(LockLostError):
+    """A :class:`LockLostError` with ``detected_by="preempted"``: a run of the same job with
+    ``on_conflict="replace"`` asked this holder to give the key up. The holder's signal aborts
+    with it; ``lock_lost`` is not sent (nothing failed). Stop the work and leave the block:
+    its release hands the key to the replacing run at once."""
+
+    def __init__(self, key: str, fencing_token: int) -> None:
+        super().__init__(key, fencing_token, "preempted")
 
 
 class LockReleasedError(LocksError):

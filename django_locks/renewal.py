@@ -17,57 +17,40 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal
 
-from django_locks import events
-from django_locks.abort import AbortController, AbortSignal
+from django_locks.abort import AbortController
 from django_locks.clock import Clock, TimerHandle
 from django_locks.events import Use
-from django_locks.exceptions import AbortedError, DetectedBy, LockLostError, LockReleasedError
+from django_locks.lease_ends import KeeperEnds
 from django_locks.policy import DRIFT as DRIFT  # where the API reference has long shown them
 from django_locks.policy import MARGIN as MARGIN
 from django_locks.policy import MIN_CALL_TIMEOUT as MIN_CALL_TIMEOUT
 from django_locks.policy import POLICY
 from django_locks.renewal_batch import RenewalBatch, batch_for, tell_renewed
 from django_locks.renewal_batch import held as _held
-from django_locks.stores.base import LeaveReason, LockStore, ReleaseReason, slot_of
+from django_locks.stores.base import (
+    PREEMPTED,
+    LeaveReason,
+    LockStore,
+    ReleaseReason,
+    Renewed,
+    slot_of,
+)
 
 logger = logging.getLogger("django_locks")
 
-State = Literal["held", "released", "lost", "abandoned", "detached"]
+State = Literal["held", "released", "lost", "capped", "preempted", "abandoned", "detached"]
+"""Where a lock is: ``capped`` reached its ``max_hold`` (left to lapse, recorded as "max hold"),
+``preempted`` was asked for by a replacing run (its block's exit still releases it)."""
 
 
-class Keeper:
+class Keeper(KeeperEnds):
     """The renewal state of one held lock. Referenced by its timers, never by them to the Lock,
     so a forgotten ``Lock`` can be garbage-collected (and lapse) while timers are pending.
 
     Made for every lock, between its acquire and release round trips: its ``signal`` is made
     when first asked for (most locks are released without anybody looking)."""
 
-    __slots__ = (
-        "_abort",
-        "_batch",
-        "_due",
-        "_in_flight",
-        "_mutex",
-        "_reason",
-        "_renew_at",
-        "_timer",
-        "acquired_at",
-        "clock",
-        "deadline",
-        "fencing_token",
-        "key",
-        "label",
-        "lease_key",
-        "owner",
-        "permit",
-        "sender",
-        "state",
-        "store",
-        "told",
-        "ttl",
-        "ttl_ms",
-        "use",
-    )
+    __slots__ = ("_batch", "_due", "_hold_until", "_renew_at", "sender")
 
     def __init__(
         self,
@@ -83,6 +66,8 @@ class Keeper:
         label: str = "",
         use: Use = "acquire",
         permit: int | None = None,
+        store_key: str | None = None,
+        max_hold_ms: int | None = None,
     ) -> None:
         self.store = store
         self.label = label  # the event stream's (django_locks.events)
@@ -94,9 +79,11 @@ class Keeper:
         self.clock = clock
         self.sender = sender
         self.key = key
-        # A permit's lease is its slot (`<key>#<n>`): the key every store call names.
+        # A permit's lease is its slot (`<key>#<n>`): the key every store call names, with the
+        # service's KEY_PREFIX (`store_key`); `key` is the one people see.
         self.permit = permit
-        self.lease_key: str = key if permit is None else slot_of(key, permit)
+        base = key if store_key is None else store_key
+        self.lease_key: str = base if permit is None else slot_of(base, permit)
         self.owner = owner
         self.fencing_token = fencing_token
         self.ttl = ttl_ms / 1000
@@ -108,6 +95,10 @@ class Keeper:
         self._timer: TimerHandle | None = None  # at the next renewal, then at the deadline
         self._in_flight = False  # a renewal of it is being sent
         self._batch = batch_for(store, clock)
+        # When renewals stop for good (max_hold), on the clock that times them.
+        self._hold_until = (
+            float("inf") if max_hold_ms is None else self.acquired_at + max_hold_ms / 1000
+        )
         # What _confirmed(sent) does, inlined (one lock made per acquire): every field a
         # renewal batch reads is set before the keeper joins `_held`, where a batch running
         # on another thread may see it at once; its only timer is made last.
@@ -118,34 +109,7 @@ class Keeper:
         # the same mutex, so its timer (a renewal confirmed) is never overwritten by this one.
         with self._mutex:
             _held.add(self)
-            self._timer = clock.call_at(min(renew_at, self.deadline), self._on_timer)
-
-    @property
-    def signal(self) -> AbortSignal:
-        abort = self._abort
-        if abort is None:
-            with self._mutex:
-                abort = self._abort
-                if abort is None:
-                    abort = AbortController()
-                    if self.state != "held":
-                        abort.settle(self._reason or self._released())
-                    self._abort = abort
-        return abort.signal
-
-    def _released(self) -> LockReleasedError:
-        return LockReleasedError(self.key, self.fencing_token)
-
-    def _end(self, state: State, reason: BaseException | None) -> list[Any]:
-        """Stop being held (call with the mutex held): no more timers, and the signal (if it
-        was made) aborts with ``reason`` (``None``: released). Returns its callbacks to run."""
-        self.state = state
-        _held.discard(self)
-        self._cancel_timer()
-        if self._abort is None:
-            self._reason = reason
-            return []
-        return self._abort.settle(reason or self._released())
+            self._timer = clock.call_at(self._next_timer(renew_at), self._on_timer)
 
     @property
     def held(self) -> bool:
@@ -158,15 +122,14 @@ class Keeper:
         self._schedule_renewal(sent + POLICY.period(self.ttl))
 
     def _schedule_renewal(self, when: float) -> None:
-        """One timer per lock: at its next renewal, and once that fell due, at its deadline."""
+        """One timer per lock: at its next renewal, and once that fell due, at its deadline
+        (or at its max_hold, when that comes first)."""
         self._renew_at = when
         self._cancel_timer()
-        self._timer = self.clock.call_at(min(when, self.deadline), self._on_timer)
+        self._timer = self.clock.call_at(self._next_timer(when), self._on_timer)
 
-    def _cancel_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+    def _next_timer(self, renew_at: float) -> float:
+        return min(renew_at, self.deadline, self._hold_until)
 
     def _on_timer(self) -> None:
         with self._mutex:
@@ -178,9 +141,13 @@ class Keeper:
                 # A deadline already passed wins: a process waking from a pause reports the loss
                 # before it sends anything.
                 announce = self._lose("deadline")
+            elif now >= self._hold_until:
+                announce = self._cap()
             else:
                 # The deadline stands while the renewal is out (or waits for its batch).
-                self._timer = self.clock.call_at(self.deadline, self._on_timer)
+                self._timer = self.clock.call_at(
+                    min(self.deadline, self._hold_until), self._on_timer
+                )
                 if self._in_flight or now < self._renew_at:
                     return
                 self._due = True
@@ -206,6 +173,7 @@ class Keeper:
             and not self._in_flight
             and (self._due or self._renew_at - now <= POLICY.lookahead(self.ttl))
             and now < self.deadline
+            and now < self._hold_until
         ):
             self._in_flight = True
             self._due = False
@@ -214,7 +182,7 @@ class Keeper:
 
     def _renew(self, sent: float) -> None:
         error: Exception | None = None
-        renewed = False
+        renewed: Renewed = False
         try:
             renewed = self.store.renew(
                 self.lease_key,
@@ -225,9 +193,9 @@ class Keeper:
         except Exception as exc:  # any failure is retried until the deadline, never a refusal
             error = exc
         self.answered(sent, renewed, error)
-        tell_renewed(self.store, self.clock.monotonic() - sent, 1, renewed, error)
+        tell_renewed(self.store, self.clock.monotonic() - sent, 1, renewed is True, error)
 
-    def answered(self, sent: float, renewed: bool, error: Exception | None) -> None:
+    def answered(self, sent: float, renewed: Renewed, error: Exception | None) -> None:
         """The store answered the renewal sent at ``sent`` (or failed with ``error``): this
         lock's own renewal, or its batch's."""
         announce: Callable[[], None] | None = None
@@ -235,15 +203,17 @@ class Keeper:
         with self._mutex:  # must not hold up the timer thread, which takes it too
             self._in_flight = False
             if self.state != "held":
-                if renewed and self.state == "lost":
+                if renewed is True and self.state == "lost":
                     self.clock.spawn(self._release_quietly)
                 return
             now = self.clock.monotonic()
             if now >= self.deadline:
                 # The answer came after the deadline: it does not count.
                 announce = self._lose("deadline")
-                if renewed:
+                if renewed is True:
                     self.clock.spawn(self._release_quietly)
+            elif renewed == PREEMPTED:
+                announce = self._preempted()
             elif error is not None:
                 retry_in = POLICY.retry(self.ttl)
                 retry = (retry_in, self.deadline - now)
@@ -261,62 +231,6 @@ class Keeper:
             )
         if announce is not None:
             announce()
-
-    def _lose(self, detected_by: DetectedBy) -> Callable[[], None]:
-        """Mark the lock lost (call with the mutex held); return the announcement to run after."""
-        error = LockLostError(self.key, self.fencing_token, detected_by)
-        callbacks = self._end("lost", error)  # the signal aborts now, callbacks run off this path
-        if detected_by == "deadline":
-            # The store may still hold our lease (a renewal was in flight, or it is unreachable);
-            # free it for the next holder as soon as the store answers.
-            self.clock.spawn(self._release_quietly)
-
-        def announce() -> None:
-            self.clock.notify(lambda: self._announce_loss(error, callbacks))
-
-        return announce
-
-    def _announce_loss(self, error: LockLostError, callbacks: list[Any]) -> None:
-        # The stream's first consumer logs the loss and sends lock_lost (django_locks.signals).
-        self._tell("lost", error.detected_by)
-        self._run_callbacks(callbacks)
-
-    def _tell(self, kind: events.EventKind, outcome: str) -> None:
-        """Tell the event stream this lock was released or lost (``outcome``: how). A release
-        is told once its acquire was; a loss always is (its signal and log line are the
-        stream's: a lost lock is always announced)."""
-        if not self.told and kind == "released":
-            return
-        event = events.Event(
-            kind,
-            self.key,
-            self.label,
-            events.store_name(self.store),
-            self.use,
-            outcome,
-            self.clock.monotonic() - self.acquired_at,
-            self.fencing_token,
-            permit=self.permit,
-        )
-        events.emit(event)
-
-    def _run_callbacks(self, callbacks: list[Any]) -> None:
-        for callback in callbacks:
-            try:
-                callback(self.signal)
-            except Exception:
-                logger.exception("An AbortSignal callback %r failed", callback)
-
-    def _release_quietly(self) -> None:
-        try:
-            self.store.release(self.lease_key, self.owner, timeout=self.call_timeout())
-        except Exception as exc:
-            logger.debug("Releasing lost lock %r failed: %s (it lapses at its ttl)", self.key, exc)
-
-    def call_timeout(self) -> float:
-        """Seconds a store call of this lock may take now: its remaining validity (the holder
-        deadline), never less than the policy's ``min_call_timeout``."""
-        return POLICY.call_timeout(self.deadline, self.clock.monotonic())
 
     def release(self, how: ReleaseReason = "released") -> bool:
         """Stop renewing and free the lease. ``True`` if the store confirmed it was still ours.
@@ -350,6 +264,11 @@ class Keeper:
         whichever thread gets there first announces the loss. No I/O: the event loop calls it
         directly."""
         with self._mutex:
+            if self.state == "preempted":
+                # Asked for by a replacing run, and now left: free it for that run at once (its
+                # end was told when it was preempted).
+                self.state = "released"
+                return True
             if self.state != "held":
                 return False
             lost = self.clock.monotonic() >= self.deadline
@@ -364,45 +283,6 @@ class Keeper:
         if callbacks:
             self.clock.notify(lambda: self._run_callbacks(callbacks))
         return True
-
-    def abandon(self) -> None:
-        """The ``Lock`` was garbage-collected while held: stop renewing, let it lapse at ttl."""
-        with self._mutex:
-            if self.state != "held":
-                return
-            callbacks = self._end(
-                "abandoned",
-                AbortedError(f"lock {self.key!r} was garbage-collected without release()"),
-            )
-        self._tell("released", "abandoned")
-        logger.warning(
-            "Lock %r (fencing token %s) was garbage-collected without release(); it is no longer "
-            "renewed and lapses within its ttl of %gs. Use `with locks.lock(...)` or call "
-            "release().",
-            self.key,
-            self.fencing_token,
-            self.ttl,
-        )
-        if callbacks:
-            self.clock.notify(lambda: self._run_callbacks(callbacks))
-
-    def detach(self, reason: str, *, after_fork: bool = False) -> None:
-        """Forget the lock without any I/O (it belongs to another process, or to nobody now).
-
-        Its signal aborts, so work waiting on it here stops; its callbacks are not run (they
-        belong to whoever registered them, which may be the parent process)."""
-        if after_fork:
-            # Another thread of the parent may have held these at fork() time.
-            self._mutex = threading.RLock()
-            if self._abort is not None:
-                self._abort.reset_after_fork()
-        self._timer = None  # the clock's, not ours to cancel (a child has no timer thread yet)
-        error = AbortedError(f"lock {self.key!r} is not held here: {reason}")
-        self.state = "detached"
-        _held.discard(self)
-        self._reason = error
-        if self._abort is not None:
-            self._abort.settle(error)
 
 
 def held_keepers() -> list[Keeper]:

@@ -98,7 +98,7 @@ class RenewalBatch:
         took = self.clock.monotonic() - sent
         for keeper, renewed in zip(batch, results, strict=True):
             keeper.answered(sent, renewed, None)
-        tell_renewed(self.store, took, len(batch), all(results), None)
+        tell_renewed(self.store, took, len(batch), all(r is True for r in results), None)
 
 
 _batches: weakref.WeakKeyDictionary[LockStore, dict[int, RenewalBatch]] = (

@@ -9,22 +9,21 @@ from typing import TypeVar
 
 from django.utils.functional import LazyObject, empty
 
-from django_locks import durations, events
+from django_locks import durations
 from django_locks.abort import AbortSignal
 from django_locks.aio import ReleaseNotices, attempt
+from django_locks.attempts import told_acquired, told_not_acquired, try_once
 from django_locks.block import LockBlock as LockBlock  # where the API reference shows it
 from django_locks.clock import Clock, system_clock
 from django_locks.durations import Duration
-from django_locks.events import Use, check_label, label_of, store_name
-from django_locks.exceptions import StoreError, StoreTimeoutError
-from django_locks.holders import Holder, this_process
+from django_locks.events import Use, check_label, label_of
+from django_locks.exceptions import StoreError
+from django_locks.holders import Holder
 from django_locks.keys import check_permits, permit_suffix, validate_key
 from django_locks.lock import Lock
 from django_locks.notices import NOTICE_SLICE, wait_for_release
-from django_locks.owners import new_owner
 from django_locks.policy import POLICY
-from django_locks.renewal import Keeper
-from django_locks.stores.base import LockStore, PermitGrant, require_permits
+from django_locks.stores.base import LockStore
 
 logger = logging.getLogger("django_locks")
 
@@ -38,16 +37,31 @@ class Locks:
     """Distributed locks on one store.
 
     ``ttl`` is the default ttl of every lock; ``clock`` (default: the system clock) times renewals
-    and deadlines, ``django_locks.testing.ManualClock`` in tests. Thread-safe; one per store is
-    enough for a process. ``django_locks.locks`` is the one configured from the ``LOCKS`` setting.
+    and deadlines, ``django_locks.testing.ManualClock`` in tests. ``key_prefix`` is prepended to
+    every key before the store sees it (and counts towards its 500 characters); everything
+    people see names keys without it. ``max_hold``: the default ``max_hold`` of locks and runs
+    (never of owner leases or elections). Thread-safe; one per store is enough for a process.
+    ``django_locks.locks`` is the one configured from the ``LOCKS`` setting.
     """
 
-    def __init__(self, store: LockStore, *, ttl: Duration = "30s", clock: Clock | None = None):
+    def __init__(
+        self,
+        store: LockStore,
+        *,
+        ttl: Duration = "30s",
+        clock: Clock | None = None,
+        key_prefix: str = "",
+        max_hold: Duration | None = None,
+    ):
         if not isinstance(store, LockStore):
             raise TypeError(f"`store` must be a LockStore, got {type(store).__name__} {store!r}")
         if clock is not None and not isinstance(clock, Clock):
             raise TypeError(f"`clock` must be a django_locks Clock, got {clock!r}")
+        if key_prefix != "":
+            validate_key(key_prefix, name="key_prefix")
         self.store = store
+        self.key_prefix = key_prefix
+        self.max_hold_ms = durations.max_hold_ms(max_hold)
         self.ttl_ms = durations.ttl_ms(ttl)
         self.clock = clock if clock is not None else system_clock
         # Whether to wait for the store's release notices (until it says it has none).
@@ -67,6 +81,7 @@ class Locks:
         wait: Duration = 0,
         signal: AbortSignal | None = None,
         permits: int = 1,
+        max_hold: Duration | None = None,
         label: str | None = None,
     ) -> Lock | None:
         """Take ``key``; return the ``Lock``, or ``None`` when it stayed taken.
@@ -77,13 +92,17 @@ class Locks:
         label (default: the key up to its first ``:`` or ``{``). ``permits``: up to this many
         holders of ``key`` at once (1 to 1000; above 1 the lock is one of its permits,
         :attr:`Lock.permit`; every caller of a key gives the same value, else
-        ``PermitsMismatchError``). Raises ``ValueError`` / ``TypeError`` on bad arguments
-        before any I/O, ``StoreError`` when the store fails.
+        ``PermitsMismatchError``). ``max_hold``: renewals stop this long after the acquire
+        (the signal then aborts with ``LockLostError(detected_by="max_hold")`` and the lease
+        lapses at its ttl); default: the service's (``LOCKS["MAX_HOLD"]``), ``None`` for none.
+        Raises ``ValueError`` / ``TypeError`` on bad arguments before any I/O, ``StoreError``
+        when the store fails.
         """
-        ttl_ms, wait_s, permits = self._check(key, ttl, wait, signal, permits)
-        return _lock_only(
-            self._acquire(key, ttl_ms, wait_s, signal, check_label(label), permits=permits)
+        ttl_ms, wait_s, permits, hold_ms = self._check(key, ttl, wait, signal, permits, max_hold)
+        found = self._acquire(
+            key, ttl_ms, wait_s, signal, check_label(label), permits=permits, max_hold_ms=hold_ms
         )
+        return _lock_only(found)
 
     def _acquire(
         self,
@@ -95,10 +114,12 @@ class Locks:
         use: Use = "acquire",
         *,
         permits: int = 1,
+        max_hold_ms: int | None = None,
     ) -> Lock | Holder | None:
         """:meth:`acquire` with its arguments checked already: the ``Lock``, else the holder
         the last try found (``None`` when the store cannot say, or no try was made). The
-        event stream is told how it went (``label``: checked, or None for the key's own)."""
+        event stream is told how it went (``label``: checked, or None for the key's own).
+        ``max_hold_ms``: None for none (owner leases and elections take no default)."""
         began = self.clock.monotonic()
         give_up = began + wait_s
         attempt = 0
@@ -106,18 +127,18 @@ class Locks:
         label = label_of(key) if label is None else label
         try:
             while signal is None or not signal.aborted:
-                found = self._try(key, ttl_ms, label, use, permits)
+                found = try_once(self, key, ttl_ms, label, use, permits, max_hold_ms)
                 if isinstance(found, Lock):
-                    return self._acquired(found, began)
+                    return told_acquired(self, found, began)
                 remaining = give_up - self.clock.monotonic()
                 if remaining <= 0:
                     break
                 self._pause(key, min(POLICY.backoff(attempt), remaining), signal)
                 attempt += 1
         except StoreError:
-            self._not_acquired(key, label, use, "error", began)
+            told_not_acquired(self, key, label, use, "error", began)
             raise
-        self._not_acquired(key, label, use, _gave_up(signal), began)
+        told_not_acquired(self, key, label, use, _gave_up(signal), began)
         return found
 
     def lock(
@@ -128,16 +149,17 @@ class Locks:
         wait: Duration = 0,
         signal: AbortSignal | None = None,
         permits: int = 1,
+        max_hold: Duration | None = None,
         label: str | None = None,
     ) -> LockBlock:
         """A context manager holding ``key`` for its block, yielding the ``Lock``.
 
         Raises ``LockNotAcquiredError`` when the key stayed taken; releases on exit, also when the
         block raises. Inside, ``current_lock()`` is this lock. ``async with locks.alock(...)`` for
-        coroutines. ``label``: the metrics label, as for :meth:`acquire`.
+        coroutines. ``label`` and ``max_hold`` as for :meth:`acquire`.
         """
-        ttl_ms, wait_s, permits = self._check(key, ttl, wait, signal, permits)
-        return LockBlock(self, key, ttl_ms, wait_s, signal, check_label(label), permits)
+        ttl_ms, wait_s, permits, hold_ms = self._check(key, ttl, wait, signal, permits, max_hold)
+        return LockBlock(self, key, ttl_ms, wait_s, signal, check_label(label), permits, hold_ms)
 
     def with_lock(
         self,
@@ -148,12 +170,15 @@ class Locks:
         wait: Duration = 0,
         signal: AbortSignal | None = None,
         permits: int = 1,
+        max_hold: Duration | None = None,
         label: str | None = None,
     ) -> T:
         """Run ``fn()`` holding ``key``; return its result (``LockNotAcquiredError`` if taken)."""
         if not callable(fn):
             raise TypeError(f"`fn` must be callable, got {fn!r}")
-        with self.lock(key, ttl=ttl, wait=wait, signal=signal, permits=permits, label=label):
+        with self.lock(
+            key, ttl=ttl, wait=wait, signal=signal, permits=permits, max_hold=max_hold, label=label
+        ):
             return fn()
 
     # Asynchronous twins: store calls run in threads, waiting uses the event loop.
@@ -166,14 +191,15 @@ class Locks:
         wait: Duration = 0,
         signal: AbortSignal | None = None,
         permits: int = 1,
+        max_hold: Duration | None = None,
         label: str | None = None,
     ) -> Lock | None:
         """:meth:`acquire` for coroutines: store calls run in threads, and a waiter is woken
         by the store's release notices as a thread is. Cancelled at any point, it releases
         what it got."""
-        ttl_ms, wait_s, permits = self._check(key, ttl, wait, signal, permits)
+        ttl_ms, wait_s, permits, hold_ms = self._check(key, ttl, wait, signal, permits, max_hold)
         found = await self._aacquire(
-            key, ttl_ms, wait_s, signal, check_label(label), permits=permits
+            key, ttl_ms, wait_s, signal, check_label(label), permits=permits, max_hold_ms=hold_ms
         )
         return _lock_only(found)
 
@@ -187,6 +213,7 @@ class Locks:
         use: Use = "acquire",
         *,
         permits: int = 1,
+        max_hold_ms: int | None = None,
     ) -> Lock | Holder | None:
         """:meth:`aacquire` with its arguments checked already (answers as :meth:`_acquire`)."""
         began = self.clock.monotonic()
@@ -198,23 +225,28 @@ class Locks:
         try:
             while signal is None or not signal.aborted:
                 if not tried:
-                    found = await self._atry(key, ttl_ms, label, use, permits)
+                    found = await self._atry(key, ttl_ms, label, use, permits, max_hold_ms)
                 if isinstance(found, Lock):
-                    return self._acquired(found, began)
+                    return told_acquired(self, found, began)
                 remaining = give_up - self.clock.monotonic()
                 if remaining <= 0:
                     break
                 pause = min(POLICY.backoff(attempt), remaining)
-                tried, answer = await self._apause(key, ttl_ms, label, use, permits, pause, signal)
+                tried, answer = await self._apause(
+                    key,
+                    pause,
+                    signal,
+                    lambda: try_once(self, key, ttl_ms, label, use, permits, max_hold_ms),
+                )
                 if tried:
                     found = answer
                 if isinstance(found, Lock):
-                    return self._acquired(found, began)
+                    return told_acquired(self, found, began)
                 attempt += 1
         except StoreError:
-            self._not_acquired(key, label, use, "error", began)
+            told_not_acquired(self, key, label, use, "error", began)
             raise
-        self._not_acquired(key, label, use, _gave_up(signal), began)
+        told_not_acquired(self, key, label, use, _gave_up(signal), began)
         return found
 
     def alock(
@@ -225,11 +257,12 @@ class Locks:
         wait: Duration = 0,
         signal: AbortSignal | None = None,
         permits: int = 1,
+        max_hold: Duration | None = None,
         label: str | None = None,
     ) -> LockBlock:
         """:meth:`lock` for ``async with``."""
-        ttl_ms, wait_s, permits = self._check(key, ttl, wait, signal, permits)
-        return LockBlock(self, key, ttl_ms, wait_s, signal, check_label(label), permits)
+        ttl_ms, wait_s, permits, hold_ms = self._check(key, ttl, wait, signal, permits, max_hold)
+        return LockBlock(self, key, ttl_ms, wait_s, signal, check_label(label), permits, hold_ms)
 
     async def awith_lock(
         self,
@@ -240,12 +273,15 @@ class Locks:
         wait: Duration = 0,
         signal: AbortSignal | None = None,
         permits: int = 1,
+        max_hold: Duration | None = None,
         label: str | None = None,
     ) -> T:
         """Await ``fn()`` holding ``key``; return its result (``LockNotAcquiredError``: taken)."""
         if not callable(fn):
             raise TypeError(f"`fn` must be callable, got {fn!r}")
-        async with self.alock(key, ttl=ttl, wait=wait, signal=signal, permits=permits, label=label):
+        async with self.alock(
+            key, ttl=ttl, wait=wait, signal=signal, permits=permits, max_hold=max_hold, label=label
+        ):
             return await fn()
 
     # Internals.
@@ -255,7 +291,8 @@ class Locks:
         (real time only), else sleeping through the backoff; early when ``signal`` aborts."""
         if self._notified and self.clock is system_clock:
             until = time.monotonic() + seconds
-            if wait_for_release(self.store, key, until, stop=signal) == "no notices":
+            waited = wait_for_release(self.store, self.key_prefix + key, until, stop=signal)
+            if waited == "no notices":
                 self._notified = False  # the next pauses sleep without asking the store
             return
         self.clock.sleep(seconds, signal)
@@ -263,25 +300,16 @@ class Locks:
     async def _apause(
         self,
         key: str,
-        ttl_ms: int,
-        label: str,
-        use: Use,
-        permits: int,
         seconds: float,
         signal: AbortSignal | None,
+        again: Callable[[], Lock | Holder | None],
     ) -> tuple[bool, Lock | Holder | None]:
         """:meth:`_pause` for coroutines, on the event loop. Woken by a release notice, it
         comes back with the next try made (``(True, its answer)``; made by the thread that
-        got the notice, at once); else ``(False, None)`` once ``seconds`` passed."""
+        got the notice, at once: ``again``); else ``(False, None)`` once ``seconds`` passed."""
         notices = self._notices
         if self._notified and notices.supported and self.clock is system_clock:
-            return await notices.wait(
-                key,
-                seconds,
-                signal,
-                lambda: self._try(key, ttl_ms, label, use, permits),
-                self._discard,
-            )
+            return await notices.wait(self.key_prefix + key, seconds, signal, again, self._discard)
         await self.clock.asleep(seconds, signal)
         return False, None
 
@@ -297,98 +325,48 @@ class Locks:
         wait: Duration,
         signal: object,
         permits: object = 1,
-    ) -> tuple[int, float, int]:
-        # The common `permits=1` skips the checks; a slot key counts towards the 500 characters.
+        max_hold: Duration | None = None,
+    ) -> tuple[int, float, int, int | None]:
+        # The common `permits=1` skips the checks; a slot key counts towards the 500 characters,
+        # and so does the key prefix.
         count = 1 if type(permits) is int and permits == 1 else check_permits(permits)
         validate_key(key, suffix=permit_suffix(count))
+        if self.key_prefix:
+            assert isinstance(key, str)
+            name = f"key (after the key prefix {self.key_prefix!r})"
+            validate_key(self.key_prefix + key, name=name, suffix=permit_suffix(count))
         ttl_ms = self.ttl_ms if ttl is None else durations.ttl_ms(ttl)
         # The common `wait=0` skips parsing; `False` (== 0) is refused like `True`.
         wait_s = 0.0 if type(wait) is int and wait == 0 else durations.wait_ms(wait) / 1000
         if signal is not None and not isinstance(signal, AbortSignal):
             raise TypeError(f"`signal` must be an AbortSignal or None, got {signal!r}")
-        return ttl_ms, wait_s, count
-
-    def _acquired(self, lock: Lock, began: float) -> Lock:
-        """Tell the event stream of ``lock``, taken after waiting since ``began``."""
-        keeper = lock._keeper
-        keeper.told = True
-        event = events.Event(
-            "acquired",
-            keeper.key,
-            keeper.label,
-            store_name(self.store),
-            keeper.use,
-            "acquired",
-            keeper.acquired_at - began,
-            keeper.fencing_token,
-            lock=lock,
-        )
-        events.emit(event)
-        return lock
-
-    def _not_acquired(self, key: str, label: str, use: Use, outcome: str, began: float) -> None:
-        waited = self.clock.monotonic() - began
-        event = events.Event(
-            "not_acquired", key, label, store_name(self.store), use, outcome, waited
-        )
-        events.emit(event)
-
-    def _try(
-        self, key: str, ttl_ms: int, label: str, use: Use, permits: int = 1
-    ) -> Lock | Holder | None:
-        """One acquire round trip with a fresh owner id: the ``Lock``, else who holds the key
-        (as the store answered in the same round trip; ``None`` when it cannot say). With
-        ``permits`` above 1, one of the key's permits, else the holder whose lease ends
-        first."""
-        owner = new_owner()
-        holder = this_process()
-        sent = self.clock.monotonic()
-        # The call may take no longer than the lease it asks for would be valid.
-        timeout = POLICY.acquire_timeout(ttl_ms)
-        store = self.store
-
-        def ask() -> int | PermitGrant | Holder | None:
-            if permits == 1:
-                return store.acquire_as(key, owner, ttl_ms, holder, timeout=timeout)
-            return store.acquire_permit(key, owner, ttl_ms, permits, holder, timeout=timeout)
-
-        if permits != 1:
-            require_permits(store, permits)  # before any I/O
-
-        try:
-            token = ask()
-        except StoreTimeoutError:
-            # The store may have granted it before the timeout: acquire is idempotent for the same
-            # owner, so one retry recovers the lease (same token) instead of stranding it.
-            sent = self.clock.monotonic()
-            token = ask()
-        permit = None
-        if isinstance(token, PermitGrant):
-            token, permit = token
-        elif not isinstance(token, int):
-            return token
-        keeper = Keeper(
-            store=self.store,
-            clock=self.clock,
-            sender=Locks,  # the one documented sender of every signal, subclass or not
-            key=key,
-            owner=owner,
-            fencing_token=token,
-            ttl_ms=ttl_ms,
-            sent=sent,
-            label=label,
-            use=use,
-            permit=permit,
-        )
-        return Lock(keeper)
+        hold_ms = self.max_hold_ms if max_hold is None else durations.max_hold_ms(max_hold)
+        return ttl_ms, wait_s, count, hold_ms
 
     async def _atry(
-        self, key: str, ttl_ms: int, label: str, use: Use, permits: int = 1
+        self, key: str, ttl_ms: int, label: str, use: Use, permits: int, max_hold_ms: int | None
     ) -> Lock | Holder | None:
-        """:meth:`_try` in a thread. When the awaiting task is cancelled mid-call, the lock the
-        call gets is released (whichever side sees it last: the thread's answer, or the
-        cancelled task)."""
-        return await attempt(lambda: self._try(key, ttl_ms, label, use, permits), self._discard)
+        """One try in a thread. When the awaiting task is cancelled mid-call, the lock the call
+        gets is released (whichever side sees it last: the thread's answer, or the cancelled
+        task)."""
+        return await attempt(
+            lambda: try_once(self, key, ttl_ms, label, use, permits, max_hold_ms), self._discard
+        )
+
+    def _preempt(self, key: str) -> int | None:
+        """Ask the live holder of ``key`` to give it up (``on_conflict="replace"``): the token
+        the request names, or ``None`` when nothing holds the key. Refuses a store without
+        preempt requests (``ImproperlyConfigured``, before any I/O)."""
+        if not self.store.supports_preempt:
+            from django.core.exceptions import ImproperlyConfigured
+
+            raise ImproperlyConfigured(
+                f"on_conflict='replace' needs a store offering preempt requests, and "
+                f"{self.store} does not (an optional capability of the store contract): use "
+                f"the database, Redis or in-memory store, or another on_conflict"
+            )
+        timeout = POLICY.acquire_timeout(self.ttl_ms)
+        return self.store.preempt(self.key_prefix + key, timeout=timeout)
 
 
 def _gave_up(signal: AbortSignal | None) -> str:
@@ -434,7 +412,14 @@ def _from_settings() -> Locks:
     ):
         attach(store)
     # The ttl in the milliseconds it was validated to, not through seconds and back.
-    return Locks(store, ttl=f"{config.ttl_ms}ms", clock=clock)
+    max_hold = None if config.max_hold_ms is None else f"{config.max_hold_ms}ms"
+    return Locks(
+        store,
+        ttl=f"{config.ttl_ms}ms",
+        clock=clock,
+        key_prefix=config.key_prefix,
+        max_hold=max_hold,
+    )
 
 
 _default = DefaultLocks()

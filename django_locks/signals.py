@@ -4,7 +4,9 @@ Every signal is sent with one sender, the ``Locks`` class (whoever sends it: the
 subclass, ``run_leader``, the beat hook), and keyword arguments only, robustly (a
 failing receiver is logged and never breaks the sender), and never on the renewal thread.
 
-* ``lock_lost(key, fencing_token, detected_by)``: a held lock stopped being ours.
+* ``lock_lost(key, fencing_token, detected_by)``: a held lock stopped being ours
+  (``detected_by`` ``"renewal"``, ``"deadline"`` or ``"max_hold"``; a preempted lock is not
+  lost to a failure and sends none).
 * ``leadership_acquired(key, fencing_token, lock)``, ``leadership_lost(key, fencing_token,
   reason)`` with reason ``"lost"`` or ``"released"``.
 * ``run_skipped(key, reason, code)``: a decorated job did not run because another holds its
@@ -53,7 +55,16 @@ def consume(event: Event) -> None:
         return
     from django_locks.service import Locks  # the one documented sender (SPEC section 2)
 
-    if kind == "lost":
+    if kind == "lost" and event.outcome == "preempted":
+        # Asked for by a replacing run: nothing failed, so no lock_lost (SPEC section 12).
+        logger.info(
+            "Lock preempted: key=%r%s fencing_token=%s (a run with on_conflict='replace' asked "
+            "for it; its signal aborted with PreemptedError)",
+            event.key,
+            "" if event.permit is None else f" permit={event.permit}",
+            event.fencing_token,
+        )
+    elif kind == "lost":
         from django_locks.stores.base import holder_name
 
         logger.warning(

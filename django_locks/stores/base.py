@@ -9,7 +9,7 @@ import dataclasses
 import datetime
 import functools
 from collections.abc import Iterable, Sequence
-from typing import Any, Literal, NamedTuple
+from typing import Any, Final, Literal, NamedTuple
 
 from django_locks import process
 from django_locks.holders import Holder
@@ -22,8 +22,15 @@ EndReason = Literal["released", "handed back", "lapsed", "expired", "force relea
 ReleaseReason = Literal["released", "handed back"]
 """How a holder ends its own lease at once (:meth:`LockStore.end`)."""
 
-LeaveReason = Literal["lapsed", "handed back"]
+LeaveReason = Literal["lapsed", "handed back", "max hold"]
 """How a lease left to lapse unrenewed ends (:meth:`LockStore.leave`)."""
+
+PREEMPTED: Final = "preempted"
+"""A renewal's answer, from a store offering preempt requests: the lease carries a request
+naming its token (:meth:`LockStore.preempt`). Compared by value, never by truthiness."""
+
+Renewed = bool | Literal["preempted"]
+"""One renewal's answer: renewed (``True``), refused (``False``), or :data:`PREEMPTED`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,11 +155,15 @@ class LockStore:
         """
         raise NotImplementedError
 
-    def renew(self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None) -> bool:
+    def renew(
+        self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None
+    ) -> Renewed:
         """Move the expiry of ``owner``'s live lease on ``key`` to ``ttl_ms`` from now.
 
         Returns ``True`` when renewed, ``False`` when ``owner`` holds no live lease on ``key``
         (it expired, was released, or another owner took it). An expired lease is never revived.
+        A store offering preempt requests answers :data:`PREEMPTED` instead of renewing when the
+        lease carries a request naming its token (:meth:`preempt`).
         """
         raise NotImplementedError
 
@@ -194,9 +205,10 @@ class LockStore:
     ) -> bool:
         """:meth:`renew` to ``ttl_ms`` from now, recording that the lease, now never renewed
         again, ends then as ``how``: ``"lapsed"`` (a command's ``min_hold`` ran out after a
-        clean run) or ``"handed back"`` (an owner lease kept a grace period at shutdown). An
+        clean run), ``"handed back"`` (an owner lease kept a grace period at shutdown) or
+        ``"max hold"`` (the renewer's last renewal at the lock's ``max_hold``). An
         acquire or renewal afterwards clears the record."""
-        return self.renew(key, owner, ttl_ms, timeout=timeout)
+        return self.renew(key, owner, ttl_ms, timeout=timeout) is True
 
     def force_end(self, key: str, by: str) -> bool:
         """:meth:`force_release`, recording ``by`` whom ("admin alice", "cli bob@ops-1")."""
@@ -255,6 +267,30 @@ class LockStore:
         """
         raise NotImplementedError
 
+    # Preempt requests (version 3, optional): what on_conflict="replace" writes. A store that
+    # offers them sets ``supports_preempt`` (a class attribute: read from the configured
+    # BACKEND without building the store) and overrides preempt(); LockStoreContract then
+    # checks every rule below.
+
+    supports_preempt: bool = False
+    """Whether the store offers :meth:`preempt`, and :data:`PREEMPTED` answers of renewals."""
+
+    def preempt(self, key: str, *, timeout: float | None = None) -> int | None:
+        """Ask the holder of ``key`` to give it up, in ONE atomic step: write a preempt request
+        on the live lease of ``key`` naming that lease's fencing token, and return the token.
+        ``None`` (nothing written) when no live lease holds ``key``. For a key held by permits,
+        the request goes on its live slot with the lowest token (the oldest holder) and names
+        that slot's token. Preempting the same live lease again writes the same request.
+
+        The request is answered by the holder's renewals: :meth:`renew` and
+        :meth:`renew_many` of the owner's live lease that carries a request naming ITS token
+        answer :data:`PREEMPTED` and do not extend it (it lapses at its expiry unless released
+        sooner). A request naming another token (one that already ended: stale) is ignored.
+        An acquire that makes a new lease on the key (a new token) clears its request; the
+        idempotent acquire of the same owner keeps it.
+        """
+        raise NotImplementedError
+
     # Optional capabilities. A store without one leaves the method raising NotImplementedError;
     # LockStoreContract skips the matching cases with a reason.
 
@@ -303,12 +339,13 @@ class LockStore:
 
     def renew_many(
         self, leases: Sequence[tuple[str, str, int]], *, timeout: float | None = None
-    ) -> list[bool]:
+    ) -> Sequence[Renewed]:
         """Renew many leases in one round trip: ``leases`` are ``(key, owner, ttl_ms)``, the
         result one ``renew()`` answer per lease, in order. Each lease is checked and renewed
         atomically on its own, exactly as ``renew()`` does; a failure of the call raises
         ``StoreError`` for all of them. The renewal mechanism uses it, when a store offers it,
-        to renew every lock a process holds in one call per renewal period.
+        to renew every lock a process holds in one call per renewal period. A store offering
+        preempt requests answers :data:`PREEMPTED` for a lease carrying one (:meth:`preempt`).
         """
         raise NotImplementedError
 
