@@ -23,6 +23,7 @@ from django_locks.keys import check_permits, permit_suffix, validate_key
 from django_locks.lock import Lock
 from django_locks.notices import NOTICE_SLICE, wait_for_release
 from django_locks.policy import POLICY
+from django_locks.service_leases import LeaseQueries
 from django_locks.stores.base import LockStore
 
 logger = logging.getLogger("django_locks")
@@ -33,7 +34,7 @@ MIN_TTL_MS = durations.MIN_TTL_MS
 """The shortest ttl a lock may have, in milliseconds (``django_locks.durations`` has the bounds)."""
 
 
-class Locks:
+class Locks(LeaseQueries):
     """Distributed locks on one store.
 
     ``ttl`` is the default ttl of every lock; ``clock`` (default: the system clock) times renewals
