@@ -15,12 +15,14 @@ from django_locks.keys import check_permits
 from django_locks.stores.base import (
     MAX_ENDED_BY,
     PERMITS_OWNER,
+    PREEMPTED,
     EndReason,
     LeaseInfo,
     LeaveReason,
     LockStore,
     PermitGrant,
     ReleaseReason,
+    Renewed,
     check_older_than,
     holder_name,
 )
@@ -43,6 +45,9 @@ class _Lease:
     ended: EndReason | None = None  # how it ended, or how it will (left to lapse)
     ended_by: str | None = None
     renewed_at: datetime.datetime | None = None
+    # The token a preempt request names: this lease's own, or None. A new lease on the key is a
+    # new _Lease (cleared); the idempotent acquire of the same owner keeps this one (kept).
+    preempt: int | None = None
     # Permits: a slot records its base key, its permit and the key's permits value; the base
     # key's own record (the summary, owner PERMITS_OWNER) records only the permits value.
     permits: int | None = None
@@ -219,12 +224,14 @@ class InMemoryStore(LockStore):
         names = (f"{base}#{permit}" for permit in range(1, summary.permits + 1))
         return [s for name in names if (s := self._live(name, now)) and s.base == base]
 
-    def renew(self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None) -> bool:
+    def renew(self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None) -> Renewed:
         with self._mutex:
             now = self._now()
             lease = self._owned(key, owner, now)
             if lease is None:
                 return False
+            if lease.preempt == lease.token:  # asked to give it up: not extended
+                return PREEMPTED
             lease.expires_at = now + ttl_ms / 1000
             lease.renewed_at = datetime.datetime.now(datetime.UTC)
             lease.ended = None
@@ -246,8 +253,21 @@ class InMemoryStore(LockStore):
 
     def renew_many(
         self, leases: Sequence[tuple[str, str, int]], *, timeout: float | None = None
-    ) -> list[bool]:
+    ) -> list[Renewed]:
         return [self.renew(key, owner, ttl_ms) for key, owner, ttl_ms in leases]
+
+    supports_preempt = True
+
+    def preempt(self, key: str, *, timeout: float | None = None) -> int | None:
+        with self._mutex:
+            now = self._now()
+            lease = self._live(key, now)
+            if lease is not None and lease.is_summary:  # permits: the oldest live slot
+                lease = min(self._slots(key, lease, now), key=lambda s: s.token, default=None)
+            if lease is None:
+                return None
+            lease.preempt = lease.token
+            return lease.token
 
     def release(self, key: str, owner: str, *, timeout: float | None = None) -> bool:
         return self.end(key, owner, "released")
