@@ -37,12 +37,14 @@ logger = logging.getLogger("django_locks")
 
 @dataclasses.dataclass(frozen=True)
 class Election:
-    """A registered ``@leader_election``: its key, ttl (``None``: the configured one) and work."""
+    """A registered ``@leader_election``: its key, ttl (``None``: the configured one), work,
+    and ``max_hold`` (``None``: none; an election never takes ``LOCKS["MAX_HOLD"]``)."""
 
     key: str
     ttl_ms: int | None
     target: Any
     name: str
+    max_hold_ms: int | None = None
 
     @property
     def is_class(self) -> bool:
@@ -56,7 +58,9 @@ _elections: dict[str, Election] = {}
 _elections_mutex = threading.Lock()
 
 
-def leader_election(key: str, *, ttl: Duration | None = None) -> Callable[[W], W]:
+def leader_election(
+    key: str, *, ttl: Duration | None = None, max_hold: Duration | None = None
+) -> Callable[[W], W]:
     """Register the decorated work as the leader of ``key``; ``run_leader KEY`` runs it.
 
     On a function ``def work(lock)`` (or ``async def``): called in a worker thread while this
@@ -66,11 +70,18 @@ def leader_election(key: str, *, ttl: Duration | None = None) -> Callable[[W], W
     On a class with ``on_leadership_acquired(self, lock)`` and ``on_leadership_lost(self, lock,
     reason)``: instantiated once per process; ``on_leadership_acquired`` is called when leading
     (returning from it does not step down), ``on_leadership_lost`` when the lease is lost
-    (``reason="lost"``) or handed back (``"released"``). Raises ``ImproperlyConfigured`` when
-    another job or election already uses ``key``.
+    (``reason="lost"``), handed back (``"released"``) or held for its ``max_hold``
+    (``"max_hold"``). Raises ``ImproperlyConfigured`` when another job or election already
+    uses ``key``.
+
+    ``max_hold``: a term ends this long after it began (its lease lapses within its ttl,
+    recorded as "max hold"; ``leadership_lost`` says ``reason="max_hold"``) and the campaign
+    goes on, here and on every replica. Default: none (``LOCKS["MAX_HOLD"]`` is for locks and
+    runs, never elections).
     """
     validate_key(key)
     ttl_ms = None if ttl is None else durations.ttl_ms(ttl)
+    max_hold_ms = durations.max_hold_ms(max_hold)
 
     def decorate(target: W) -> W:
         if inspect.isclass(target):
@@ -84,7 +95,7 @@ def leader_election(key: str, *, ttl: Duration | None = None) -> Callable[[W], W
         job = registry.job_for(target, kind="leader_election", key=key)
         registry.claim(job, key)
         with _elections_mutex:
-            _elections[key] = Election(key=key, ttl_ms=ttl_ms, target=target, name=job.name)
+            _elections[key] = Election(key, ttl_ms, target, job.name, max_hold_ms)
         return target
 
     return decorate
@@ -154,7 +165,15 @@ class Campaign:
         while not self.stopping.is_set():
             try:
                 with working_on(self.key):
-                    lock = self.locks._acquire(self.key, self.ttl_ms, 0.0, None, self.key, "leader")
+                    lock = self.locks._acquire(
+                        self.key,
+                        self.ttl_ms,
+                        0.0,
+                        None,
+                        self.key,
+                        "leader",
+                        max_hold_ms=self.election.max_hold_ms,
+                    )
             except StoreError as exc:
                 self._say("Campaign for %s failed: %s", self.key, exc, level=logging.WARNING)
                 self.stopping.wait(POLICY.campaign_every(self.ttl))
@@ -193,7 +212,11 @@ class Campaign:
         give_up = self.locks.clock.monotonic() + POLICY.campaign_every(self.ttl)
         clock = self.locks.clock
         waited = wait_for_release(
-            self.locks.store, self.key, give_up, stop=self.stopping, monotonic=clock.monotonic
+            self.locks.store,
+            self.locks.key_prefix + self.key,  # the store's name of the key
+            give_up,
+            stop=self.stopping,
+            monotonic=clock.monotonic,
         )
         return waited == "released"
 
@@ -256,7 +279,14 @@ class Campaign:
 
     def _lost(self, lock: Lock, worker: threading.Thread) -> str:
         reason = lock.signal.reason
-        if isinstance(reason, LockLostError):
+        capped = isinstance(reason, LockLostError) and reason.detected_by == "max_hold"
+        if capped:
+            self._say(
+                "The term of %s reached its max_hold (fencing token %s): stepping down",
+                self.key,
+                lock.fencing_token,
+            )
+        elif isinstance(reason, LockLostError):
             self._say(
                 "Lost the leadership of %s (fencing token %s, detected by %s)",
                 self.key,
@@ -264,7 +294,7 @@ class Campaign:
                 reason.detected_by,
                 level=logging.WARNING,
             )
-        self._ended(lock, "lost")
+        self._ended(lock, "max_hold" if capped else "lost")
         # The work was told through lock.signal; never run two terms' work at once.
         while worker.is_alive() and not self.stopping.is_set():
             worker.join(self.ttl)

@@ -19,14 +19,22 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("django_locks")
 
-LostReason = Literal["lost", "released"]
+LostReason = Literal["lost", "released", "max_hold"]
 ELSEWHERE = "it runs on another instance"
 """The ``reason`` of ``run_skipped`` when another process owns the job."""
 IN_PROGRESS = "a run is still in progress"
 """The ``reason`` of ``run_skipped`` when the run lock is held."""
 AT_CAPACITY = "every permit is taken"
 """The ``reason`` of ``run_skipped`` when every permit of a ``limit_concurrency`` key is held."""
-CODES = {ELSEWHERE: "elsewhere", IN_PROGRESS: "in_progress", AT_CAPACITY: "at_capacity"}
+NOT_REPLACED = "the running one did not stop in time"
+"""The ``reason`` of ``run_skipped`` when a run with ``on_conflict="replace"`` waited for the
+preempted holder to let go of the key, and it did not."""
+CODES = {
+    ELSEWHERE: "elsewhere",
+    IN_PROGRESS: "in_progress",
+    AT_CAPACITY: "at_capacity",
+    NOT_REPLACED: "not_replaced",
+}
 """The ``code`` of ``run_skipped`` (the metrics label) of each reason."""
 
 
@@ -100,7 +108,12 @@ class OwnerLeases:
         return lock if lock is not None and lock.held else None
 
     def take(
-        self, name: str, key: str, ttl_ms: int | None = None, label: str | None = None
+        self,
+        name: str,
+        key: str,
+        ttl_ms: int | None = None,
+        label: str | None = None,
+        max_hold_ms: int | None = None,
     ) -> Lock | Holder | None:
         """The lease on ``key`` for the job ``name``: held already, or taken with one acquire
         (kept, logged), else who holds it (``None`` when the store cannot say). ``ttl_ms``: the
@@ -111,7 +124,9 @@ class OwnerLeases:
             return lock
         locks = self.service()
         ttl_ms = locks.ttl_ms if ttl_ms is None else ttl_ms
-        found = locks._acquire(key, ttl_ms, 0.0, None, label=label, use="owner")
+        found = locks._acquire(
+            key, ttl_ms, 0.0, None, label=label, use="owner", max_hold_ms=max_hold_ms
+        )
         if isinstance(found, Lock):
             self.keep(name, found)
         return found
@@ -227,8 +242,8 @@ class Term:
         return self.lock.fencing_token
 
     def end(self, reason: LostReason) -> bool:
-        """Announce the end of the term (``"lost"`` or ``"released"``); False when it was
-        announced already."""
+        """Announce the end of the term (``"lost"``, ``"released"`` or ``"max_hold"``); False
+        when it was announced already."""
         with self._mutex:
             if self.ended is not None:
                 return False

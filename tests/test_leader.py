@@ -209,3 +209,61 @@ def test_run_leader_lists_and_refuses_unknown_keys(elections, capsys) -> None:
         call_command("run_leader")
     with pytest.raises(CommandError, match="`--grace` must be"):
         call_command("run_leader", "leader:listed", "--grace", "soon")
+
+
+def test_a_term_ends_at_max_hold_with_reason_max_hold_and_the_campaign_goes_on(
+    elections, replicas, store: InMemoryStore
+) -> None:
+    terms: list[Lock] = []
+
+    def work(lock: Lock) -> None:
+        terms.append(lock)
+        lock.signal.wait()  # works until told: at max_hold
+
+    leader_election("leader:capped", max_hold="300ms")(work)
+    election = _elections["leader:capped"]
+    elections.append(election)
+    assert election.max_hold_ms == 300
+    with recording(leadership_lost) as lost:
+        replica = replicas(election)
+        eventually(lambda: len(terms) >= 2, what="a second term after max_hold", timeout=10)
+        replica.stop()
+    first = terms[0]
+    reason = first.signal.reason
+    assert getattr(reason, "detected_by", None) == "max_hold"
+    assert lost[0]["reason"] == "max_hold"
+    assert terms[1].fencing_token > first.fencing_token
+    assert any("reached its max_hold" in line for line in replica.lines)
+
+
+def test_an_election_never_takes_the_services_max_hold(elections, store: InMemoryStore) -> None:
+    terms: list[Lock] = []
+
+    def work(lock: Lock) -> None:
+        terms.append(lock)
+        lock.signal.wait()
+
+    election = elect(elections, "leader:uncapped", work)
+    stopping = threading.Event()
+    campaign = Campaign(
+        election,
+        Locks(store, ttl=TTL_MS / 1000, max_hold="100ms"),
+        ttl_ms=TTL_MS,
+        grace=2.0,
+        stopping=stopping,
+    )
+    thread = threading.Thread(target=campaign.run)
+    thread.start()
+    try:
+        eventually(lambda: len(terms) == 1, what="a term")
+        time.sleep(0.5)
+        assert terms[0].held and len(terms) == 1
+    finally:
+        stopping.set()
+        campaign.wake.set()
+        thread.join(10)
+
+
+def test_a_bad_max_hold_is_refused_at_decoration() -> None:
+    with pytest.raises(ValueError, match="max_hold"):
+        leader_election("leader:bad", max_hold="1ms")

@@ -199,7 +199,7 @@ class BeatGuard:
         it (``None`` when the store cannot say). ``label``: the key template's."""
         assert spec.once is not None
         name = spec.name if spec.once.key else key[: -len(OWNER_SUFFIX)]
-        return self.leases.take(name, key, spec.once.ttl_ms, label)
+        return self.leases.take(name, key, spec.once.ttl_ms, label, spec.once.max_hold_ms)
 
     def apply_entry(self, entry: Any, producer: Any = None) -> Any:
         """Publish ``entry`` only where it is this beat's to publish, with our headers.
