@@ -188,13 +188,16 @@ class Operations:
     def lease(self, cursor: Any, key: str, include_inactive: bool) -> LeaseRow | None:
         raise NotImplementedError
 
-    def prune(self, cursor: Any, older_than_ms: int, limit: int) -> tuple[int, bool]:
-        """Delete up to ``limit`` rows of leases that ended more than ``older_than_ms`` ago,
-        raising the token source to their tokens first; ``(deleted, whether more may be left)``.
+    def prune(
+        self, cursor: Any, older_than_ms: int, limit: int, prefix: str = ""
+    ) -> tuple[int, bool]:
+        """Delete up to ``limit`` rows of leases that ended more than ``older_than_ms`` ago
+        (with ``prefix``, only rows whose key starts with it), raising the token source to
+        their tokens first; ``(deleted, whether more may be left)``.
         """
         raise NotImplementedError
 
-    def count_prunable(self, cursor: Any, older_than_ms: int) -> int:
+    def count_prunable(self, cursor: Any, older_than_ms: int, prefix: str = "") -> int:
         raise NotImplementedError
 
     def missing_schema(self, cursor: Any) -> list[str]:

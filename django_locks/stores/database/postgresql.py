@@ -41,7 +41,9 @@ from django_locks.stores.database.postgresql_sql import (
     PG_LEAVE,
     PG_MISSING,
     PG_PRUNE_BATCH,
+    PG_PRUNE_BATCH_PREFIXED,
     PG_PRUNE_COUNT,
+    PG_PRUNE_COUNT_PREFIXED,
     PG_PRUNE_DELETE,
     PG_PRUNE_FLOOR,
     PG_PRUNE_GUARD,
@@ -282,14 +284,19 @@ class PostgreSQLOperations(Operations):
         row = cursor.fetchone()
         return None if row is None else tuple(row)
 
-    def prune(self, cursor: Any, older_than_ms: int, limit: int) -> tuple[int, bool]:
+    def prune(
+        self, cursor: Any, older_than_ms: int, limit: int, prefix: str = ""
+    ) -> tuple[int, bool]:
         # One transaction per batch on the store's autocommit connection: the table lock is
         # held from the floor's raise until the batch's rows are gone, and no longer.
         cursor.execute("BEGIN")
         try:
             cursor.execute(PG_PRUNE_GUARD)
             cursor.execute(PG_PRUNE_LOCK)
-            cursor.execute(PG_PRUNE_BATCH, (older_than_ms, limit))
+            if prefix:
+                cursor.execute(PG_PRUNE_BATCH_PREFIXED, (older_than_ms, len(prefix), prefix, limit))
+            else:
+                cursor.execute(PG_PRUNE_BATCH, (older_than_ms, limit))
             batch = cursor.fetchall()
             deleted = 0
             if batch:
@@ -305,8 +312,11 @@ class PostgreSQLOperations(Operations):
             raise
         return deleted, deleted > 0 and len(batch) == limit
 
-    def count_prunable(self, cursor: Any, older_than_ms: int) -> int:
-        cursor.execute(PG_PRUNE_COUNT, (older_than_ms,))
+    def count_prunable(self, cursor: Any, older_than_ms: int, prefix: str = "") -> int:
+        if prefix:
+            cursor.execute(PG_PRUNE_COUNT_PREFIXED, (older_than_ms, len(prefix), prefix))
+        else:
+            cursor.execute(PG_PRUNE_COUNT, (older_than_ms,))
         return int(cursor.fetchone()[0])
 
     def missing_schema(self, cursor: Any) -> list[str]:

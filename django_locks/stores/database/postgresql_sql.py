@@ -286,6 +286,13 @@ PG_PRUNE_DELETE = f"""
 DELETE FROM {TABLE} WHERE key IN (SELECT key FROM {TABLE} WHERE key = ANY(%s) AND {_STALE}
     FOR UPDATE SKIP LOCKED)"""
 PG_PRUNE_COUNT = f"SELECT count(*) FROM {TABLE} WHERE {_STALE}"
+# One key prefix's rows alone (LOCKS["KEY_PREFIX"], of Locks.prune()): its length, then itself.
+# Compared exactly (LIKE would take the prefix's % and _ for wildcards).
+_PREFIXED = "left(key, %s) = %s"
+PG_PRUNE_BATCH_PREFIXED = (
+    f"SELECT key, fencing_token FROM {TABLE} WHERE {_STALE} AND {_PREFIXED} LIMIT %s"
+)
+PG_PRUNE_COUNT_PREFIXED = f"SELECT count(*) FROM {TABLE} WHERE {_STALE} AND {_PREFIXED}"
 
 SIGNATURES = [signature for signatures in FUNCTIONS.values() for signature in signatures]
 PG_MISSING = (

@@ -46,7 +46,9 @@ from django_locks.stores.database.sqlite_sql import (
     SQLITE_PERMIT_SLOTS,
     SQLITE_PERMIT_TAKE,
     SQLITE_PRUNE_COUNT,
+    SQLITE_PRUNE_COUNT_PREFIXED,
     SQLITE_PRUNE_DELETE,
+    SQLITE_PRUNE_DELETE_PREFIXED,
     SQLITE_PRUNE_FLOOR,
     SQLITE_RAISE_FLOOR,
     SQLITE_RENEW,
@@ -281,17 +283,26 @@ class SQLiteOperations(Operations):
         found = row.fetchone()
         return None if found is None else tuple(found)
 
-    def prune(self, cursor: Any, older_than_ms: int, limit: int) -> tuple[int, bool]:
+    def prune(
+        self, cursor: Any, older_than_ms: int, limit: int, prefix: str = ""
+    ) -> tuple[int, bool]:
         # All at once, in the one transaction run() opened: SQLite has one machine's worth of
         # rows, and the write lock is taken by the floor's raise, before the delete.
         ago = f"-{older_than_ms / 1000:.3f} seconds"
         cursor.execute(SQLITE_PRUNE_FLOOR, (ago,))
-        cursor.execute(SQLITE_PRUNE_DELETE, (ago,))
+        if prefix:
+            cursor.execute(SQLITE_PRUNE_DELETE_PREFIXED, (ago, len(prefix), prefix))
+        else:
+            cursor.execute(SQLITE_PRUNE_DELETE, (ago,))
         return int(cursor.rowcount), False
 
-    def count_prunable(self, cursor: Any, older_than_ms: int) -> int:
+    def count_prunable(self, cursor: Any, older_than_ms: int, prefix: str = "") -> int:
         ago = f"-{older_than_ms / 1000:.3f} seconds"
-        return int(cursor.execute(SQLITE_PRUNE_COUNT, (ago,)).fetchone()[0])
+        if prefix:
+            found = cursor.execute(SQLITE_PRUNE_COUNT_PREFIXED, (ago, len(prefix), prefix))
+        else:
+            found = cursor.execute(SQLITE_PRUNE_COUNT, (ago,))
+        return int(found.fetchone()[0])
 
     def missing_schema(self, cursor: Any) -> list[str]:
         found = {row[0] for row in cursor.execute(SQLITE_TABLES, (TABLE, SEQUENCE, RECORDER))}

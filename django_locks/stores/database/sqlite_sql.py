@@ -106,6 +106,11 @@ UPDATE {SEQUENCE} SET value = max(value, coalesce(
 """
 SQLITE_PRUNE_DELETE = f"DELETE FROM {TABLE} WHERE {_STALE}"
 SQLITE_PRUNE_COUNT = f"SELECT count(*) FROM {TABLE} WHERE {_STALE}"
+# One key prefix's rows alone (LOCKS["KEY_PREFIX"], of Locks.prune()): its length, then itself.
+# Compared exactly (SQLite's LIKE ignores case); the floor above is raised as for every prune.
+_PREFIXED = "substr(key, 1, ?) = ?"
+SQLITE_PRUNE_DELETE_PREFIXED = f"{SQLITE_PRUNE_DELETE} AND {_PREFIXED}"
+SQLITE_PRUNE_COUNT_PREFIXED = f"{SQLITE_PRUNE_COUNT} AND {_PREFIXED}"
 SQLITE_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN (?, ?, ?)"
 SQLITE_COLUMNS = "SELECT name FROM pragma_table_info(?)"
 

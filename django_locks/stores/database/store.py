@@ -236,20 +236,22 @@ class DatabaseStore(LockStore):
         row = pools.run(pools.ops.lease, (key, include_inactive), None, renewal=False, write=False)
         return None if row is None else lease_info(row)
 
-    def prune(self, older_than_ms: int, *, dry_run: bool = False) -> int:
+    def prune(self, older_than_ms: int, *, dry_run: bool = False, prefix: str = "") -> int:
         """Delete the rows of leases that ended more than ``older_than_ms`` ago (batches of
         ``PRUNE_BATCH`` on PostgreSQL, each its own transaction and call), each batch raising
-        the token source to its tokens first while it keeps acquires out."""
+        the token source to its tokens first while it keeps acquires out. ``prefix``: only the
+        rows whose key starts with it (compared exactly), for a service's ``KEY_PREFIX``."""
         check_older_than(older_than_ms)
+        if not isinstance(prefix, str):
+            raise TypeError(f"`prefix` must be a str, got {prefix!r}")
         pools = self._pools
         if dry_run:
-            return pools.run(
-                pools.ops.count_prunable, (older_than_ms,), None, renewal=False, write=False
-            )
+            args = (older_than_ms, prefix)
+            return pools.run(pools.ops.count_prunable, args, None, renewal=False, write=False)
         total, more = 0, True
         while more:
             deleted, more = pools.run(
-                pools.ops.prune, (older_than_ms, PRUNE_BATCH), None, renewal=False
+                pools.ops.prune, (older_than_ms, PRUNE_BATCH, prefix), None, renewal=False
             )
             total += deleted
         return total
