@@ -25,7 +25,7 @@ def locks_reset(request: pytest.FixtureRequest) -> Iterator[None]:
     test cannot take a database lock either), so an autouse use is harmless. The store's
     connections are closed before Django destroys the test database, without the fixture.
     """
-    from django_locks.service import locks
+    from django_locks.service import Locks, locks
     from django_locks.stores.database import DatabaseStore
     from django_locks.testing.reset import reset_locks
 
@@ -33,9 +33,13 @@ def locks_reset(request: pytest.FixtureRequest) -> Iterator[None]:
     if isinstance(store, DatabaseStore) and not _database_allowed(request, store.using):
         yield
         return
-    reset_locks(store)
+    # The service configured now (a LOCKS changed by the test builds another): it frees only
+    # the keys of its KEY_PREFIX.
+    service = locks._wrapped  # type: ignore[attr-defined]  # the LazyObject's Locks
+    assert isinstance(service, Locks)
+    reset_locks(service)
     yield
-    reset_locks(store)
+    reset_locks(service)
 
 
 def _database_allowed(request: pytest.FixtureRequest, using: str) -> bool:
