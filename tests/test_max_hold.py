@@ -24,15 +24,15 @@ class Store(InMemoryStore):
         self.renewals = 0
         self.leave_fails = False
 
-    def renew(self, key, owner, ttl_ms, *, timeout=None):  # type: ignore[no-untyped-def]
+    def renew(self, key, owner, ttl_ms, *, timeout=None):
         self.renewals += 1
         return super().renew(key, owner, ttl_ms, timeout=timeout)
 
-    def renew_many(self, leases, *, timeout=None):  # type: ignore[no-untyped-def]
+    def renew_many(self, leases, *, timeout=None):
         self.renewals += len(leases)
         return super().renew_many(leases, timeout=timeout)
 
-    def leave(self, key, owner, ttl_ms, how, *, timeout=None):  # type: ignore[no-untyped-def]
+    def leave(self, key, owner, ttl_ms, how, *, timeout=None):
         if self.leave_fails:
             raise StoreError("leave: store unreachable (injected)")
         return super().leave(key, owner, ttl_ms, how, timeout=timeout)

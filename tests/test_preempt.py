@@ -101,10 +101,9 @@ def test_nothing_held_nothing_written(service: Locks, clock) -> None:
 
 
 def test_under_permits_the_oldest_holder_is_preempted(service: Locks, clock) -> None:
-    holders = [service.acquire("pool", permits=3) for _ in range(3)]
-    assert all(holders)
-    oldest = min(holders, key=lambda lock: lock.fencing_token)  # type: ignore[union-attr]
-    assert oldest is not None
+    holders = [lock for lock in (service.acquire("pool", permits=3) for _ in range(3)) if lock]
+    assert len(holders) == 3
+    oldest = min(holders, key=lambda lock: lock.fencing_token)
     assert service._preempt("pool") == oldest.fencing_token
     clock.advance(TTL / 3 + 0.1)
     assert [lock.signal.aborted for lock in holders] == [lock is oldest for lock in holders]
@@ -112,7 +111,6 @@ def test_under_permits_the_oldest_holder_is_preempted(service: Locks, clock) -> 
     again = service.acquire("pool", permits=3)
     assert again is not None and again.permit == oldest.permit
     for lock in [*holders, again]:
-        assert lock is not None
         lock.release()
 
 
