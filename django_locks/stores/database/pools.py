@@ -30,7 +30,8 @@ from django_locks.exceptions import (
 from django_locks.stores.database.connections import ConnectAttempt, PrivateBackend, StoreConnection
 from django_locks.stores.database.operations import Operations
 from django_locks.stores.database.postgresql import PostgreSQLOperations
-from django_locks.stores.database.sqlite import OwnTransaction, SQLiteOperations, testcase_open
+from django_locks.stores.database.sqlite import SQLiteOperations
+from django_locks.stores.database.sqlite_atomic import OwnTransaction, testcase_open
 from django_locks.stores.runtime import ProcessLocal, translated, watchdog
 
 if TYPE_CHECKING:

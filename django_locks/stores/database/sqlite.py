@@ -1,17 +1,16 @@
-"""The database store's SQLite dialect (its SQL in ``sqlite_sql.py``): its steps, its transactions,
-and this thread's own one."""
+"""The database store's SQLite dialect (its SQL in ``sqlite_sql.py``): its steps and its
+transactions (this thread's own one: ``sqlite_atomic.py``)."""
 
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import connections
 
-from django_locks.exceptions import OwnTransactionError, PermitsMismatchError, StoreError
+from django_locks.exceptions import PermitsMismatchError
 from django_locks.stores.base import PERMITS_OWNER, LeaveReason, PermitGrant, ReleaseReason, Slot
 from django_locks.stores.database.operations import (
     HOLDER_COLUMNS,
@@ -24,6 +23,7 @@ from django_locks.stores.database.operations import (
     Operations,
     schema_missing,
 )
+from django_locks.stores.database.sqlite_atomic import OwnTransaction, open_transaction
 from django_locks.stores.database.sqlite_sql import (
     SQLITE_ACQUIRE_AS,
     SQLITE_CLEAR,
@@ -62,11 +62,6 @@ if TYPE_CHECKING:
     from django_locks.stores.database.connections import StoreConnection
 
 T = TypeVar("T")
-
-OWN_LOCK_WAIT = 0.05
-"""Seconds a write of the store waits for SQLite's write lock while this thread's own transaction
-on the same file is open (it may hold that lock: waiting longer cannot help); 0 when the
-transaction certainly holds it (``transaction_mode`` IMMEDIATE or EXCLUSIVE)."""
 
 
 class SQLiteOperations(Operations):
@@ -128,7 +123,7 @@ class SQLiteOperations(Operations):
     def own_transaction(self, *, renewal: bool, write: bool) -> OwnTransaction | None:
         if self.in_memory():
             return None
-        own = _own_transaction(self.using)
+        own = open_transaction(self.using)
         if own is not None and not own.testcase and (renewal or not write):
             return None  # the renewer is never refused: a busy file is an error it retries
         return own
@@ -322,40 +317,6 @@ class SQLiteOperations(Operations):
         )
 
 
-class OwnTransaction:
-    """This thread's open transaction on the SQLite file a store call is about to write."""
-
-    def __init__(self, wrapper: Any, *, testcase: bool, certain: bool) -> None:
-        self.wrapper = wrapper
-        self.testcase = testcase  # a TestCase's: the store writes through its connection
-        self.certain = certain  # it holds the write lock for sure (IMMEDIATE or EXCLUSIVE)
-
-    @property
-    def busy_wait(self) -> float:
-        """How long the store's write may wait for the write lock this transaction may hold."""
-        return 0.0 if self.certain else OWN_LOCK_WAIT
-
-    def refusal(self, using: str, exc: BaseException) -> StoreError | None:
-        """The error to raise for ``exc`` when it is the write lock this transaction holds."""
-        if not _busy(exc):
-            return None
-        alias = self.wrapper.alias
-        how = (
-            f"holds it since it began (transaction_mode {self.wrapper.transaction_mode})"
-            if self.certain
-            else "holds it (it wrote, or, in SQLite's rollback-journal mode, it read)"
-        )
-        same = f"alias {alias!r}" if alias == using else f"alias {alias!r}, the same file"
-        return OwnTransactionError(
-            f"The lock store cannot write to the SQLite database {using!r}: this thread is "
-            f"inside transaction.atomic() on {same}, whose open transaction {how}; the store's "
-            "own connection would wait on it until the call's timeout. Take the lock before "
-            "entering transaction.atomic() (or outside it); under ATOMIC_REQUESTS, decorate the "
-            "view with @transaction.non_atomic_requests and take the lock before the atomic "
-            "block; or use PostgreSQL or Redis for locks."
-        )
-
-
 def _permit(slot: str, start: int, permits: int) -> int | None:
     """The n of a slot key (``slot[start:]``, canonical digits) when it is 1..``permits``."""
     digits = slot[start:]
@@ -376,45 +337,3 @@ def _follow_end(cursor: Any, base: str, how: str, by: str | None) -> None:
     cursor.execute(SQLITE_PERMIT_LATEST, (f"{base}#", f"{base}$", base))
     if cursor.rowcount == 0:
         cursor.execute(SQLITE_PERMIT_FREE, (base, how, by))
-
-
-def testcase_open(wrapper: Any) -> bool:
-    """Whether ``wrapper``'s outermost open atomic block is a TestCase's."""
-    blocks = wrapper.atomic_blocks
-    return bool(wrapper.in_atomic_block and blocks and getattr(blocks[0], "_from_testcase", False))
-
-
-def _own_transaction(using: str) -> OwnTransaction | None:
-    """This thread's open transaction on the SQLite file of ``using`` (through any alias)."""
-    target = _sqlite_file(connections[using].settings_dict["NAME"])
-    for wrapper in connections.all(initialized_only=True):
-        if (
-            wrapper.vendor != "sqlite"
-            or wrapper.connection is None
-            or not wrapper.in_atomic_block
-            or _sqlite_file(wrapper.settings_dict["NAME"]) != target
-        ):
-            continue
-        if testcase_open(wrapper):
-            return OwnTransaction(wrapper, testcase=True, certain=False)
-        if wrapper.connection.in_transaction:
-            mode = getattr(wrapper, "transaction_mode", None)
-            return OwnTransaction(
-                wrapper, testcase=False, certain=mode in ("IMMEDIATE", "EXCLUSIVE")
-            )
-    return None
-
-
-def _sqlite_file(name: object) -> str:
-    return os.path.realpath(os.fspath(name)) if isinstance(name, str | os.PathLike) else ""
-
-
-def _busy(exc: BaseException) -> bool:
-    """Whether ``exc`` is SQLite's "database is locked" (SQLITE_BUSY), however wrapped."""
-    for error in (exc, exc.__cause__):
-        code = getattr(error, "sqlite_errorcode", None)
-        if code is not None and code & 0xFF == 5:  # SQLITE_BUSY and its extended codes
-            return True
-        if error is not None and "database is locked" in str(error):
-            return True
-    return False
