@@ -15,7 +15,8 @@ Where ``on_one_instance`` is enforced depends on who calls (SPEC section 5):
 * a Celery task is enforced in celery beat (``django_locks.contrib.celery``); a worker, a direct
   call or ``.delay()`` just runs it.
 
-``without_overlapping`` holds the run lock ``<key>`` for the whole run, wherever it runs.
+``without_overlapping`` holds the run lock ``<key>`` for the whole run, wherever it runs; what a
+run that finds it taken does is its ``on_conflict`` (``django_locks.conflicts``).
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ import inspect
 import sys
 import types
 from collections.abc import Callable, Coroutine
-from typing import Any, ParamSpec, Protocol, TypeVar, cast, overload
+from typing import Any, Literal, ParamSpec, Protocol, TypeVar, cast, overload
 
-from django_locks import durations
+from django_locks import conflicts, durations
+from django_locks.conflicts import OnConflict
 from django_locks.durations import Duration
 from django_locks.job import ATTRIBUTE, OWNER_SUFFIX, JobSpec, OnceSpec, RunSpec, job_spec
 from django_locks.keys import (
@@ -54,6 +56,7 @@ __all__ = [
     "OWNER_SUFFIX",
     "JobDecorator",
     "JobSpec",
+    "KeepingJobDecorator",
     "holder_text",
     "job_spec",
     "limit_concurrency",
@@ -68,6 +71,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 P = ParamSpec("P")
 R = TypeVar("R")
 
+Skipping = Literal["skip", "replace"]
+"""The ``on_conflict`` values under which a run may be skipped: the result may be ``None``."""
+Keeping = Literal["raise", "retry"]
+"""The ``on_conflict`` values under which a run that does not run raises: the result is kept."""
+
 
 class JobDecorator(Protocol):
     """What a called decorator (``@without_overlapping("key")``) is, for type checkers: the
@@ -80,6 +88,13 @@ class JobDecorator(Protocol):
 
     @overload
     def __call__(self, target: Callable[P, R], /) -> Callable[P, R | None]: ...
+
+
+class KeepingJobDecorator(Protocol):
+    """A decorator with ``on_conflict="raise"`` or ``"retry"``, for type checkers: the decorated
+    function keeps its parameters and its result (a run that does not run raises)."""
+
+    def __call__(self, target: Callable[P, R], /) -> Callable[P, R]: ...
 
 
 @overload
@@ -98,6 +113,7 @@ def on_one_instance(
     *,
     ttl: Duration | None = None,
     min_hold: Duration | None = None,
+    max_hold: Duration | None = None,
 ) -> JobDecorator: ...
 
 
@@ -106,6 +122,7 @@ def on_one_instance(
     *,
     ttl: Duration | None = None,
     min_hold: Duration | None = None,
+    max_hold: Duration | None = None,
 ) -> Any:
     """Run the decorated job on one instance: the owner of the lease ``<key>:owner``.
 
@@ -114,8 +131,9 @@ def on_one_instance(
     name. ``ttl``: the owner lease's ttl (default ``LOCKS["TTL"]``): after the owner dies, another
     instance takes over within it. ``min_hold``: management commands only, how long after a run's
     start the lease stays taken (default ``LOCKS["MIN_HOLD"]``), so the same cron tick elsewhere
-    skips. A skipped call logs, sends ``run_skipped`` and returns ``None``.
-    Usable bare (``@on_one_instance``) or called.
+    skips. ``max_hold``: the longest one owner lease is held (``None``, the default: no limit;
+    ``LOCKS["MAX_HOLD"]`` never applies to owner leases). A skipped call logs, sends
+    ``run_skipped`` and returns ``None``. Usable bare (``@on_one_instance``) or called.
     """
     if callable(key):
         return on_one_instance()(key)
@@ -124,6 +142,7 @@ def on_one_instance(
         key=key,
         ttl_ms=None if ttl is None else durations.ttl_ms(ttl),
         min_hold_ms=None if min_hold is None else durations.min_hold_ms(min_hold),
+        max_hold_ms=durations.max_hold_ms(max_hold),
     )
 
     def decorate(target: F) -> F:
@@ -143,23 +162,75 @@ def without_overlapping(key: Callable[P, R], /) -> Callable[P, R | None]: ...
 
 
 @overload
-def without_overlapping(key: str | None = None, *, ttl: Duration | None = None) -> JobDecorator: ...
+def without_overlapping(
+    key: str | None = None,
+    *,
+    ttl: Duration | None = None,
+    max_hold: Duration | None = None,
+    on_conflict: Skipping = "skip",
+    wait: Duration | None = None,
+    max_retries: int = 3,
+    shared_key: bool = False,
+) -> JobDecorator: ...
+
+
+@overload
+def without_overlapping(
+    key: str | None = None,
+    *,
+    ttl: Duration | None = None,
+    max_hold: Duration | None = None,
+    on_conflict: Keeping,
+    wait: Duration | None = None,
+    max_retries: int = 3,
+    shared_key: bool = False,
+) -> KeepingJobDecorator: ...
+
+
+@overload
+def without_overlapping(
+    key: str | None = None,
+    *,
+    ttl: Duration | None = None,
+    max_hold: Duration | None = None,
+    on_conflict: OnConflict,
+    wait: Duration | None = None,
+    max_retries: int = 3,
+    shared_key: bool = False,
+) -> JobDecorator: ...
 
 
 def without_overlapping(
-    key: str | Callable[..., Any] | None = None, *, ttl: Duration | None = None
+    key: str | Callable[..., Any] | None = None,
+    *,
+    ttl: Duration | None = None,
+    max_hold: Duration | None = None,
+    on_conflict: OnConflict = "skip",
+    wait: Duration | None = None,
+    max_retries: int = 3,
+    shared_key: bool = False,
 ) -> Any:
     """Never run the decorated job while a run of it holds the run lock ``<key>``, anywhere.
 
     ``key`` as for :func:`on_one_instance`; ``ttl``: the run lock's ttl (default
-    ``LOCKS["TTL"]``), renewed for the whole run. Inside the run, ``current_lock()`` is the run
-    lock, whose fencing token grows with every run. A run that finds the lock held is skipped:
-    logged, ``run_skipped`` sent, ``None`` returned. Usable bare or called.
+    ``LOCKS["TTL"]``), renewed for the whole run; ``max_hold``: renewals stop this long after
+    the run took the lock (its signal aborts; default ``LOCKS["MAX_HOLD"]``). Inside the run,
+    ``current_lock()`` is the run lock, whose fencing token grows with every run.
+
+    ``on_conflict``: what a run that finds the lock held does (``django_locks.conflicts``):
+    ``"skip"`` (logged, ``run_skipped`` sent, ``None`` returned), ``"raise"``
+    (``LockNotAcquiredError``), ``"retry"`` (a Celery task retries itself later, at most
+    ``max_retries`` times, then fails with ``LockNotAcquiredError``; not for management
+    commands) or ``"replace"`` (the running one is asked to stop and the run waits for the key,
+    else is skipped). ``wait``: how long to wait for the lock before that (default 0; under
+    ``"replace"``, how long to wait for the running one to stop: ttl + ttl/3 by default).
+    ``shared_key=True``: other jobs use this key too, one run at a time among all of them
+    (each must set it). Usable bare or called.
     """
     if callable(key):
         return without_overlapping()(key)
     _check_key_argument(key)
-    spec = RunSpec(key=key, ttl_ms=None if ttl is None else durations.ttl_ms(ttl))
+    spec = _run_spec(key, ttl, max_hold, on_conflict, wait, max_retries, shared_key=shared_key)
 
     def decorate(target: F) -> F:
         return cast(F, _decorate(target, run=spec))
@@ -167,28 +238,105 @@ def without_overlapping(
     return decorate
 
 
+@overload
 def limit_concurrency(
-    key: str | None = None, *, permits: int, ttl: Duration | None = None
-) -> JobDecorator:
+    key: str | None = None,
+    *,
+    permits: int,
+    ttl: Duration | None = None,
+    max_hold: Duration | None = None,
+    on_conflict: Skipping = "skip",
+    wait: Duration | None = None,
+    max_retries: int = 3,
+) -> JobDecorator: ...
+
+
+@overload
+def limit_concurrency(
+    key: str | None = None,
+    *,
+    permits: int,
+    ttl: Duration | None = None,
+    max_hold: Duration | None = None,
+    on_conflict: Keeping,
+    wait: Duration | None = None,
+    max_retries: int = 3,
+) -> KeepingJobDecorator: ...
+
+
+@overload
+def limit_concurrency(
+    key: str | None = None,
+    *,
+    permits: int,
+    ttl: Duration | None = None,
+    max_hold: Duration | None = None,
+    on_conflict: OnConflict,
+    wait: Duration | None = None,
+    max_retries: int = 3,
+) -> JobDecorator: ...
+
+
+def limit_concurrency(
+    key: str | None = None,
+    *,
+    permits: int,
+    ttl: Duration | None = None,
+    max_hold: Duration | None = None,
+    on_conflict: OnConflict = "skip",
+    wait: Duration | None = None,
+    max_retries: int = 3,
+) -> Any:
     """Run at most ``permits`` runs of the decorated job at once, anywhere: each run holds one
     of the key's permits (``<key>#<n>``) for the whole run, renewed and fenced like a lock.
 
     ``key`` as for :func:`on_one_instance` (a template: ``"export:{tenant}"`` limits each
     tenant on its own); ``permits``: 1 to 1000 (1 is :func:`without_overlapping`); ``ttl``:
-    each permit's ttl (default ``LOCKS["TTL"]``). Inside a run, ``current_lock()`` is its
-    permit (``.permit`` says which). A run that finds every permit taken is skipped: logged,
-    ``run_skipped`` sent with ``code="at_capacity"``, ``None`` returned. Every user of the key
-    gives the same ``permits``. Needs a store offering permits (the database, Redis and
-    in-memory stores).
+    each permit's ttl (default ``LOCKS["TTL"]``); ``max_hold``, ``on_conflict``, ``wait`` and
+    ``max_retries`` as for :func:`without_overlapping` (``"replace"`` asks the oldest holder to
+    stop). Inside a run, ``current_lock()`` is its permit (``.permit`` says which). By default
+    a run that finds every permit taken is skipped: logged, ``run_skipped`` sent with
+    ``code="at_capacity"``, ``None`` returned. Every user of the key gives the same
+    ``permits``. Needs a store offering permits (the database, Redis and in-memory stores).
     """
     count = check_permits(permits)
     _check_key_argument(key, suffix=permit_suffix(count))
-    spec = RunSpec(key=key, ttl_ms=None if ttl is None else durations.ttl_ms(ttl), permits=count)
+    spec = _run_spec(key, ttl, max_hold, on_conflict, wait, max_retries, permits=count)
 
     def decorate(target: F) -> F:
         return cast(F, _decorate(target, run=spec))
 
-    return cast(JobDecorator, decorate)
+    return decorate
+
+
+def _run_spec(
+    key: str | None,
+    ttl: Duration | None,
+    max_hold: Duration | None,
+    on_conflict: object,
+    wait: Duration | None,
+    max_retries: object,
+    *,
+    permits: int = 1,
+    shared_key: object = False,
+) -> RunSpec:
+    """The checked arguments of ``without_overlapping`` / ``limit_concurrency``."""
+    policy = conflicts.check_on_conflict(on_conflict)
+    if not isinstance(shared_key, bool):
+        raise TypeError(f"`shared_key` must be True or False, got {shared_key!r}")
+    spec = RunSpec(
+        key=key,
+        ttl_ms=None if ttl is None else durations.ttl_ms(ttl),
+        permits=permits,
+        max_hold_ms=durations.max_hold_ms(max_hold),
+        on_conflict=policy,
+        wait_ms=conflicts.check_wait(wait),
+        max_retries=conflicts.check_max_retries(max_retries),
+        shared_key=shared_key,
+    )
+    if policy == "replace":
+        conflicts.refuse_replace_backend()
+    return spec
 
 
 def _check_key_argument(key: object, *, suffix: str = "") -> None:
@@ -233,6 +381,8 @@ def _decorate(target: Any, *, once: OnceSpec | None = None, run: RunSpec | None 
     for key in (spec.once and spec.once.key, spec.run and spec.run.key):
         if key:
             check_template(key, spec.func)
+    if spec.run is not None:
+        conflicts.refuse_retry_for_commands(spec.name, spec.is_command, spec.run.on_conflict)
     spec.claim()
     return _build(spec)
 

@@ -6,7 +6,10 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
+
 from django_locks import registry
+from django_locks.conflicts import OnConflict
 from django_locks.keys import permit_suffix, render_key, validate_key
 
 OWNER_SUFFIX = ":owner"
@@ -22,15 +25,22 @@ class OnceSpec:
     key: str | None
     ttl_ms: int | None
     min_hold_ms: int | None
+    max_hold_ms: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
-    """What ``without_overlapping`` (``permits`` 1) or ``limit_concurrency`` was given."""
+    """What ``without_overlapping`` (``permits`` 1) or ``limit_concurrency`` was given
+    (``max_hold_ms`` None: the service's default; ``wait_ms`` None: the policy's)."""
 
     key: str | None
     ttl_ms: int | None
     permits: int = 1
+    max_hold_ms: int | None = None
+    on_conflict: OnConflict = "skip"
+    wait_ms: int | None = None
+    max_retries: int = 3
+    shared_key: bool = False
 
     @property
     def decorator(self) -> str:
@@ -75,17 +85,29 @@ class JobSpec:
         return key
 
     def claim(self, default: str | None = None) -> None:
-        """Claim this job's keys in the registry (refusing another job's), forgetting old ones."""
+        """Claim this job's keys in the registry (refusing another job's), forgetting old ones.
+        A run lock key with ``shared_key`` is claimed shared: other jobs sharing it may too."""
         job = registry.job_for(self.func, kind="job", key=self.default_key)
         registry.unclaim(job)
         names: list[str] = []
+        shared: list[str] = []
         if self.once is not None:
             key = self.owner_template(default)
             names += [key, key + OWNER_SUFFIX]
         if self.run is not None:
-            names.append(self.run_template(default))
-        job = registry.job_for(self.func, kind="job", key=names[0])
-        registry.claim(job, *dict.fromkeys(names))
+            key = self.run_template(default)
+            if not self.run.shared_key:
+                names.append(key)
+            elif key in names:
+                raise ImproperlyConfigured(
+                    f"{self.name}: shared_key=True shares the run lock {key!r} with other jobs, "
+                    "but it is also this job's own on_one_instance key. Give @on_one_instance "
+                    "a key of its own (on_one_instance(key=...))."
+                )
+            else:
+                shared.append(key)
+        job = registry.job_for(self.func, kind="job", key=(names or shared)[0])
+        registry.claim(job, *dict.fromkeys(names), shared=shared)
 
 
 def job_spec(func: object) -> JobSpec | None:

@@ -7,27 +7,19 @@ a Celery task (beat enforces it).
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import logging
 import sys
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
+from django_locks import conflicts
 from django_locks.context import running_under
-from django_locks.events import Use
-from django_locks.exceptions import StoreError
 from django_locks.holders import Holder
 from django_locks.job import JobSpec
 from django_locks.lock import Lock
-from django_locks.ownership import (
-    AT_CAPACITY,
-    ELSEWHERE,
-    IN_PROGRESS,
-    log_owner,
-    skipped,
-    sticky,
-)
+from django_locks.ownership import ELSEWHERE, log_owner, skipped, sticky
+from django_locks.protocol import CALL, Acquire, LeaveFor, Release, Step, Steps, adrive, drive
 
 logger = logging.getLogger("django_locks")
 
@@ -77,57 +69,13 @@ def _link(owner: Lock | None, run: Lock) -> Callable[[], None]:
     return lambda: owner.signal.remove_callback(propagate)
 
 
-# The run protocol: a generator of the steps that need I/O, whose answers are sent back into
-# it. Sync and async runs share it whole; their drivers (below) differ only in how each step
-# is done. The policies in front (a sticky owner lease, a per-run one kept for min_hold, none
-# for a Celery task) are generators too, ending in the same run-lock steps.
-
-
-@dataclasses.dataclass(frozen=True)
-class Acquire:
-    """Try ``key`` once for ``ttl_ms`` (checked values); answered with the Lock or None.
-    ``label`` (the job's key template) and ``use`` are the event stream's."""
-
-    key: str
-    ttl_ms: int
-    label: str
-    use: Use
-    permits: int = 1
-
-
-@dataclasses.dataclass(frozen=True)
-class Release:
-    """Release ``lock`` as leaving its ``with`` block does: a store failure is logged, never
-    raised over the run's result or exception (the lease lapses at its ttl); an async release
-    completes whatever the cancellation (see ``Lock.arelease``)."""
-
-    lock: Lock
-
-
-@dataclasses.dataclass(frozen=True)
-class LeaveFor:
-    """Leave ``lock`` in the store ``ms`` more, then let it lapse (commands: synchronous)."""
-
-    lock: Lock
-    ms: int
-
-
-class Call:
-    """Call the job; answered with its result, or its exception thrown in."""
-
-
-CALL = Call()
-Step = Acquire | Release | LeaveFor | Call
-Steps = Generator[Step, Any, Any]
+# The run protocol (django_locks.protocol): a generator of the steps that need I/O. The
+# policies in front (a sticky owner lease, a per-run one kept for min_hold, none for a Celery
+# task) are generators too, ending in the same run-lock steps.
 
 
 def _ttl_ms(locks: Any, ttl_ms: int | None) -> int:
     return locks.ttl_ms if ttl_ms is None else ttl_ms
-
-
-def _busy(spec: JobSpec) -> str:
-    """Why a run that found its run lock taken is skipped."""
-    return AT_CAPACITY if spec.run is not None and spec.run.permits > 1 else IN_PROGRESS
 
 
 def _run_lock_steps(
@@ -135,23 +83,34 @@ def _run_lock_steps(
     locks: Any,
     owner: Lock | None,
     run_key: str | None,
-    busy: Callable[[str, Holder | None], None],
+    skip: conflicts.Skip,
     label: str = "",
+    task: str | None = None,
 ) -> Generator[Step, Any, tuple[bool, Any]]:
     """The call under the run lock ``run_key`` (linked to ``owner``), or under ``owner`` when
     the job has no run lock: ``(True, result)``; ``(False, None)`` when the run lock is held
-    elsewhere (``busy(run_key, holder)`` was told)."""
+    elsewhere and the run was skipped (``skip(run_key, holder, reason)`` was told). What a
+    run that finds it held does is its ``on_conflict`` (``django_locks.conflicts``); ``task``:
+    the Celery task this call runs as (None: not a task)."""
     if run_key is None:
         if owner is None:
             return True, (yield CALL)
         with running_under(owner):
             return True, (yield CALL)
-    assert spec.run is not None
-    ttl_ms = _ttl_ms(locks, spec.run.ttl_ms)
-    lock = yield Acquire(run_key, ttl_ms, label, "run", spec.run.permits)
+    run = spec.run
+    assert run is not None
+    if run.on_conflict == "replace":
+        conflicts.check_replace_store(locks.store)
+    ttl_ms = _ttl_ms(locks, run.ttl_ms)
+    max_hold_ms = locks.max_hold_ms if run.max_hold_ms is None else run.max_hold_ms
+    wait_s = conflicts.first_wait_s(run)
+    tried = Acquire(run_key, ttl_ms, label, "run", run.permits, wait_s, max_hold_ms)
+    lock = yield tried
     if not isinstance(lock, Lock):
-        busy(run_key, lock)
-        return False, None
+        name = task or spec.name
+        lock = yield from conflicts.resolve(run, tried, lock, name=name, task=task, skip=skip)
+        if lock is None:
+            return False, None
     unlink = _link(owner, lock)
     try:
         with running_under(lock):
@@ -181,10 +140,10 @@ def _function_steps(
     run_key = spec.run_key(args, kwargs, task) if spec.run is not None else None
     run_label = spec.run_template(task) if spec.run is not None else ""
 
-    def busy(key: str, holder: Holder | None) -> None:
-        skipped(task or spec.name, key, _busy(spec), holder=holder, label=run_label)
+    def skip(key: str, holder: Holder | None, reason: str) -> None:
+        skipped(task or spec.name, key, reason, holder=holder, label=run_label)
 
-    _, result = yield from _run_lock_steps(spec, locks, owner, run_key, busy, run_label)
+    _, result = yield from _run_lock_steps(spec, locks, owner, run_key, skip, run_label, task)
     return result
 
 
@@ -210,12 +169,12 @@ def _command_steps(
 
     run_label = spec.run_template() if spec.run is not None else ""
 
-    def busy(key: str, holder: Holder | None) -> None:
-        _command_skipped(spec, command, key, _busy(spec), holder, "its lease expires", run_label)
+    def skip(key: str, holder: Holder | None, reason: str) -> None:
+        _command_skipped(spec, command, key, reason, holder, "its lease expires", run_label)
 
     try:
         run_key = spec.run_key(args, kwargs, None) if spec.run is not None else None
-        ran, result = yield from _run_lock_steps(spec, locks, owner, run_key, busy, run_label)
+        ran, result = yield from _run_lock_steps(spec, locks, owner, run_key, skip, run_label)
     except BaseException:
         # A run that raises releases at once: the next tick, anywhere, may try again.
         if owner is not None:
@@ -238,78 +197,6 @@ def _command_steps(
     return result
 
 
-class _Carried(Exception):
-    """The job's own ``StopIteration``, carried through the protocol: a generator may not let
-    one out (it would become a ``RuntimeError``)."""
-
-    def __init__(self, error: StopIteration) -> None:
-        super().__init__(error)
-        self.error = error
-
-
-def _thrown(error: BaseException) -> BaseException:
-    return _Carried(error) if isinstance(error, StopIteration) else error
-
-
-def _drive(locks: Any, steps: Steps, call: Callable[[], Any]) -> Any:
-    """Run ``steps`` with blocking I/O: each step done here, its answer (or error) sent back."""
-    answer: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            step = steps.send(answer) if error is None else steps.throw(error)
-        except StopIteration as done:
-            return done.value
-        except _Carried as carried:
-            error = carried.error
-            break
-        answer, error = None, None
-        try:
-            if isinstance(step, Call):
-                answer = call()
-            elif isinstance(step, Acquire):
-                answer = locks._acquire(
-                    step.key, step.ttl_ms, 0.0, None, step.label, step.use, permits=step.permits
-                )
-            elif isinstance(step, Release):
-                step.lock.__exit__(None, None, None)  # the lock's own block end
-            else:
-                _hold_and_leave(step.lock, step.ms)
-        except BaseException as exc:
-            error = _thrown(exc)
-    raise error
-
-
-async def _adrive(locks: Any, steps: Steps, call: Callable[[], Awaitable[Any]]) -> Any:
-    """:func:`_drive` for coroutines: each step awaited (a cancellation is thrown in as any
-    error is, so the run lock's release still runs to its end)."""
-    answer: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            step = steps.send(answer) if error is None else steps.throw(error)
-        except StopIteration as done:
-            return done.value
-        except _Carried as carried:
-            error = carried.error
-            break
-        answer, error = None, None
-        try:
-            if isinstance(step, Call):
-                answer = await call()
-            elif isinstance(step, Acquire):
-                answer = await locks._aacquire(
-                    step.key, step.ttl_ms, 0.0, None, step.label, step.use, permits=step.permits
-                )
-            elif isinstance(step, Release):
-                await step.lock.__aexit__(None, None, None)
-            else:
-                raise TypeError("min_hold is for management commands, which are synchronous")
-        except BaseException as exc:
-            error = _thrown(exc)
-    raise error
-
-
 def run_function(
     spec: JobSpec, wrapper: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
@@ -318,7 +205,7 @@ def run_function(
     task = _task_name(wrapper)
     locks = _locks()
     steps = _function_steps(spec, locks, task, args, kwargs)
-    return _drive(locks, steps, lambda: spec.func(*args, **kwargs))
+    return drive(locks, steps, lambda: spec.func(*args, **kwargs))
 
 
 async def arun_function(
@@ -328,7 +215,7 @@ async def arun_function(
     task = _task_name(wrapper)
     locks = _locks()
     steps = _function_steps(spec, locks, task, args, kwargs)
-    return await _adrive(locks, steps, lambda: spec.func(*args, **kwargs))
+    return await adrive(locks, steps, lambda: spec.func(*args, **kwargs))
 
 
 # Management commands: short-lived runs, one per cron tick on every host.
@@ -338,22 +225,9 @@ def run_command(spec: JobSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     """One run of a decorated command's ``handle()``: the owner lease per run, kept until
     ``min_hold`` after the run's start, and the run lock for the run."""
     locks = _locks()
-    return _drive(
+    return drive(
         locks, _command_steps(spec, locks, args, kwargs), lambda: spec.func(*args, **kwargs)
     )
-
-
-def _hold_and_leave(lock: Lock, remaining_ms: int) -> None:
-    """Leave ``lock``'s lease in the store for ``remaining_ms`` more, then let it lapse.
-
-    The process is about to exit: renewals stop first (without I/O), then ONE renewal moves the
-    store's expiry to the end of ``min_hold``, so the lease outlives the process without anybody
-    renewing it.
-    """
-    try:
-        lock.leave_for(remaining_ms / 1000)
-    except StoreError as exc:
-        logger.warning("Keeping %r for min_hold failed (%s); it lapses at its ttl", lock.key, exc)
 
 
 def _command_skipped(
@@ -367,7 +241,7 @@ def _command_skipped(
 ) -> None:
     """One line on the command's stderr naming the holder and when its hold ends (as the
     failed acquire's answer said, no further store call); exit 0."""
-    line = f"Skipped {spec.name}: {reason} ({holder_text(holder, ends)})."
+    line = f"Skipped {spec.name} (key {key!r}): {reason} ({holder_text(holder, ends)})."
     stderr = getattr(command, "stderr", None)
     if stderr is not None:
         stderr.write(line)

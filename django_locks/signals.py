@@ -11,7 +11,7 @@ failing receiver is logged and never breaks the sender), and never on the renewa
   reason)`` with reason ``"lost"`` or ``"released"``.
 * ``run_skipped(key, reason, code)``: a decorated job did not run because another holds its
   lock; ``reason`` the sentence logged, ``code`` its short name (``"elsewhere"``,
-  ``"in_progress"``), the metrics label.
+  ``"in_progress"``, ``"at_capacity"``, ``"not_replaced"``), the metrics label.
 
 They are the first consumer of the event stream (``django_locks.events``): :func:`consume`
 sends them, and logs the loss and the skipped run, from the events.
@@ -84,16 +84,11 @@ def consume(event: Event) -> None:
             detected_by=event.outcome,
         )
     elif kind == "run_skipped":
-        if event.holder is not None:
-            logger.log(
-                event.level,
-                "Skipped %s: %s (held by %s)",
-                event.name,
-                event.reason,
-                event.holder.describe(),
-            )
-        else:
-            logger.log(event.level, "Skipped %s: %s", event.name, event.reason)
+        # The rendered key, and the holder where the failed acquire's answer named it.
+        held = "" if event.holder is None else f" (held by {event.holder.describe()})"
+        logger.log(
+            event.level, "Skipped %s (key %r): %s%s", event.name, event.key, event.reason, held
+        )
         send(run_skipped, Locks, key=event.key, reason=event.reason, code=event.outcome)
     elif kind == "leadership_acquired":
         send(

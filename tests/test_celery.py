@@ -137,7 +137,7 @@ def test_three_beats_publish_each_tick_once_and_a_standby_takes_over(
     assert tokens == sorted(tokens) and len(set(tokens)) == 2  # one per owning beat, growing
     beat_logs = "".join(processes.log(name) for name in ("b1", "b2", "b3"))
     assert "tick runs on this instance (lease 'tick:owner', fencing token" in beat_logs
-    assert "Skipped tick: it runs on another instance" in beat_logs
+    assert "Skipped tick (key 'tick:owner'): it runs on another instance" in beat_logs
     assert "Beat entry 'tick': task 'tick' is published by the beat holding 'tick:owner'" in (
         beat_logs
     )
@@ -277,6 +277,9 @@ def test_a_beat_that_loses_its_lead_stops_publishing_and_campaigns_again(
     assert not processes.process(leader).poll()  # it did not exit: it campaigns again
 
 
+SLOW_SKIPPED = "Skipped tests.celeryapp.tasks.slow (key 'slow:job'): a run is still in progress"
+
+
 def test_without_overlapping_skips_ticks_during_a_slow_run_on_every_worker(
     cluster: Any, redis_server: Any
 ) -> None:
@@ -294,10 +297,7 @@ def test_without_overlapping_skips_ticks_during_a_slow_run_on_every_worker(
         # The next tick after a run ends runs (within a tick and a bit).
         assert following["at"] - end["at"] < 2.0
         assert following["run_token"] > start["run_token"]
-    skipped = [
-        processes.log(name).count("Skipped tests.celeryapp.tasks.slow: a run is still in progress")
-        for name in workers
-    ]
+    skipped = [processes.log(name).count(SLOW_SKIPPED) for name in workers]
     print(f"\nskipped ticks during slow runs, per worker: {skipped}")
     assert sum(skipped) >= 3
     # Each skip line names the holder from the failed acquire's answer: the worker process
@@ -306,7 +306,7 @@ def test_without_overlapping_skips_ticks_during_a_slow_run_on_every_worker(
         line
         for name in workers
         for line in processes.log(name).splitlines()
-        if "Skipped tests.celeryapp.tasks.slow: a run is still in progress" in line
+        if SLOW_SKIPPED in line
     ]
     assert all(" (held by " in line and " (celery task " in line for line in lines), lines[:3]
     # Whichever worker the broker hands a tick to during the run skips it; which one that is,
@@ -329,7 +329,7 @@ def test_limit_concurrency_runs_at_most_two_per_tenant_across_workers(
     def settled() -> bool:
         ended = len(processes.runs("limited-end"))
         skipped = sum(
-            processes.log(name).count("Skipped tests.celeryapp.tasks.limited: every permit")
+            processes.log(name).count("Skipped tests.celeryapp.tasks.limited (key 'limited:")
             for name in ("w1", "w2")
         )
         return ended + skipped >= 7 and ended == len(processes.runs("limited-start"))

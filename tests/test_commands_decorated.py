@@ -38,7 +38,10 @@ def test_three_concurrent_invocations_one_runs_two_exit_0_saying_why(tmp_path: P
     for _, _, text in skipped:
         lines = text.splitlines()
         assert len(lines) == 1, text
-        assert lines[0].startswith("Skipped locked_report: it runs on another instance (held by ")
+        assert lines[0].startswith(
+            "Skipped locked_report (key 'locked_report:owner'): it runs on another instance "
+            "(held by "
+        )
         # The holder as the failed acquire named it: the process running the command.
         assert f" pid {holder_pid} (command locked_report) since " in lines[0], lines[0]
         assert ", its hold ends in " in lines[0]
@@ -71,4 +74,6 @@ def test_limit_concurrency_runs_two_of_four_invocations_the_others_exit_0_saying
     assert sorted(line.split()[1] for line in lines) == ["1", "2"]  # one run per permit
     for _, printed, text in results:
         if not printed:
-            assert "Skipped limited_report: every permit is taken (held by " in text, text
+            assert (
+                "Skipped limited_report (key 'limited:report'): every permit is taken (held by "
+            ) in text, text

@@ -123,7 +123,10 @@ def test_another_instance_owning_the_job_skips_it(caplog: Any) -> None:
     assert skips == [
         {"key": "tests.test_decorators.nightly:owner", "reason": ELSEWHERE, "code": "elsewhere"}
     ]
-    assert "Skipped tests.test_decorators.nightly: it runs on another instance" in caplog.text
+    assert (
+        "Skipped tests.test_decorators.nightly (key 'tests.test_decorators.nightly:owner'): it "
+        "runs on another instance"
+    ) in caplog.text
     other.release()
     assert nightly(1) == 3
     assert "tests.test_decorators.nightly runs on this instance (lease" in caplog.text
@@ -159,7 +162,10 @@ def test_a_held_run_lock_skips_the_run(caplog: Any) -> None:
     assert skips == [
         {"key": "tests.test_decorators.exclusive", "reason": IN_PROGRESS, "code": "in_progress"}
     ]
-    assert "Skipped tests.test_decorators.exclusive: a run is still in progress" in caplog.text
+    assert (
+        "Skipped tests.test_decorators.exclusive (key 'tests.test_decorators.exclusive'): a run "
+        "is still in progress (held by "
+    ) in caplog.text
     held.release()
 
 
@@ -296,7 +302,9 @@ def test_a_command_keeps_its_lease_for_min_hold_then_runs_again() -> None:
     out, err = run_command("locked_report")
     assert out == ""
     assert err.count("\n") == 1
-    assert err.startswith("Skipped locked_report: it runs on another instance (held by ")
+    assert err.startswith(
+        "Skipped locked_report (key 'locked_report:owner'): it runs on another instance (held by "
+    )
     assert ", its hold ends in " in err
     # min_hold is 3 s after the run's start, then the next tick runs.
     eventually(lambda: run_command("locked_report")[0] != "", timeout=10, what="ran again")
@@ -321,7 +329,9 @@ def test_a_command_with_both_decorators_and_a_template_key() -> None:
     held = locks.acquire("import:a")
     assert held is not None
     _, err = run_command("locked_import", "a")
-    assert err.startswith("Skipped locked_import: a run is still in progress (held by ")
+    assert err.startswith(
+        "Skipped locked_import (key 'import:a'): a run is still in progress (held by "
+    )
     held.release()
     # The skipped run handed its owner lease back at once.
     assert locks.acquire("import:a:owner") is not None
@@ -343,6 +353,8 @@ def test_a_skipped_command_whose_owner_hand_back_fails_still_skips(monkeypatch: 
 
     monkeypatch.setattr(locks.store, "end", failing)
     _, err = run_command("locked_import", "c")
-    assert err.startswith("Skipped locked_import: a run is still in progress (held by ")
+    assert err.startswith(
+        "Skipped locked_import (key 'import:c'): a run is still in progress (held by "
+    )
     monkeypatch.undo()
     held.release()

@@ -300,7 +300,7 @@ def test_bad_permits_are_refused_before_any_io(bad: object) -> None:
     with pytest.raises((TypeError, ValueError), match="permits"):
         service.acquire("k", permits=bad)  # type: ignore[arg-type]
     with pytest.raises((TypeError, ValueError), match="permits"):
-        limit_concurrency("k", permits=bad)  # type: ignore[arg-type]
+        limit_concurrency("k", permits=bad)  # type: ignore[call-overload]
     assert service.store.leases(include_inactive=True) == []
 
 

@@ -35,7 +35,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from celery import signals as celery_signals
 from celery.app.task import Task
@@ -68,6 +68,7 @@ __all__ = [
     "decorate_task",
     "install",
     "is_task",
+    "retry_current_task",
     "task_spec",
 ]
 
@@ -105,6 +106,19 @@ def current_task_name(wrapper: Callable[..., Any]) -> str | None:
     if getattr(run, "__func__", run) is wrapper:
         return str(task.name)
     return None
+
+
+def retry_current_task(
+    delay: Callable[[int], float], max_retries: int, exc: BaseException
+) -> NoReturn:
+    """Retry the task this thread runs (``on_conflict="retry"``): ``Task.retry`` publishes a new
+    run of it in ``delay(retries so far)`` seconds and raises ``Retry``; past ``max_retries``
+    retries it raises ``exc`` instead (the task fails with it), as does a direct call."""
+    task = celery_compat.current_task()
+    if task is None:
+        raise exc
+    retries = getattr(task.request, "retries", 0) or 0
+    raise task.retry(countdown=delay(int(retries)), max_retries=max_retries, exc=exc)
 
 
 # The decorators applied above @shared_task / @app.task: the task object exists already, and the
