@@ -112,15 +112,17 @@ def run(
     """The store check, then one check per election of ``expected`` (default:
     :func:`elections`), all within ``timeout`` seconds together: a store that does not answer
     in time fails its check and leaves the elections unchecked (failed), never a hang. Reads
-    only (``lease()``), through the service's store (default: ``django_locks.locks``)."""
+    only, through the service (default: ``django_locks.locks``): its ``lease()``, so an
+    election is looked up under the service's key prefix, and another project's leases in
+    the same store play no part."""
     if isinstance(timeout, bool) or not isinstance(timeout, int | float):
         raise TypeError(f"timeout must be a number of seconds, got {timeout!r}")
     if not timeout > 0:  # also refuses NaN
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    store = (service if service is not None else locks).store
+    service = service if service is not None else locks
     expected = elections() if expected is None else expected
     deadline = time.monotonic() + timeout
-    store_check = _store_check(store, deadline, timeout)
+    store_check = _store_check(service, deadline, timeout)
     checks = [store_check]
     for key, source in expected.items():
         if not store_check.ok:
@@ -137,7 +139,7 @@ def run(
         elif key == UNKNOWN_BEAT:
             checks.append(_unknown_beat(source))
         else:
-            checks.append(_election_check(store, key, source, deadline, timeout))
+            checks.append(_election_check(service, key, source, deadline, timeout))
     return checks
 
 
@@ -146,11 +148,12 @@ def healthy(checks: Iterable[Check]) -> bool:
     return all(check.ok for check in checks)
 
 
-def _store_check(store: LockStore, deadline: float, timeout: float) -> Check:
+def _store_check(service: Locks, deadline: float, timeout: float) -> Check:
+    store = service.store
     name = describe_store(store)
     started = time.monotonic()
     try:
-        call(lambda: store.lease(PROBE_KEY), deadline)
+        call(lambda: service.lease(PROBE_KEY), deadline)
     except NotImplementedError:
         return Check(
             "store",
@@ -167,12 +170,12 @@ def _store_check(store: LockStore, deadline: float, timeout: float) -> Check:
 
 
 def _election_check(
-    store: LockStore, key: str, source: str, deadline: float, timeout: float
+    service: Locks, key: str, source: str, deadline: float, timeout: float
 ) -> Check:
     try:
-        lease = call(lambda: store.lease(key), deadline)
+        lease = call(lambda: service.lease(key), deadline)
     except Exception as exc:
-        return Check("election", key, False, *failure(exc, store, timeout), source=source)
+        return Check("election", key, False, *failure(exc, service.store, timeout), source=source)
     if lease is None or lease.state != "held":
         return Check(
             "election",

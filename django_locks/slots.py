@@ -4,8 +4,15 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from typing import Protocol
 
-from django_locks.stores.base import LeaseInfo, LockStore
+from django_locks.stores.base import LeaseInfo
+
+
+class Listing(Protocol):
+    """What lists leases: a service (its keys, without its prefix) or a store."""
+
+    def leases(self, *, include_inactive: bool = False) -> list[LeaseInfo]: ...
 
 
 def base_of(lease: LeaseInfo) -> str | None:
@@ -22,11 +29,12 @@ def held_slots(leases: Iterable[LeaseInfo]) -> Counter[str]:
     )
 
 
-def count_held_slots(store: LockStore, key: str) -> int | None:
-    """How many slots of ``key`` the store holds now (one listing of its held leases), ``None``
-    when the store cannot list them. For a release's question and its report, before the
-    release: a slot taken or freed meanwhile is not counted."""
+def count_held_slots(source: Listing, key: str) -> int | None:
+    """How many slots of ``key`` are held now (one listing of the held leases of ``source``,
+    the service whose key it is), ``None`` when the store cannot list them. For a release's
+    question and its report, before the release: a slot taken or freed meanwhile is not
+    counted."""
     try:
-        return held_slots(store.leases())[key]
+        return held_slots(source.leases())[key]
     except NotImplementedError:
         return None

@@ -10,7 +10,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import BaseCommand, CommandError
 
@@ -18,8 +18,11 @@ from django_locks import health as checks
 from django_locks.durations import timeout_seconds
 from django_locks.exceptions import LocksError
 from django_locks.slots import base_of, held_slots
-from django_locks.stores.base import LeaseInfo, LockStore
+from django_locks.stores.base import LeaseInfo
 from django_locks.stores.naming import describe_store
+
+if TYPE_CHECKING:
+    from django_locks.service import Locks
 
 WATCH_EVERY = 1.0
 """Seconds between two refreshes of ``locks list --watch``."""
@@ -31,17 +34,27 @@ CLEAR = "\x1b[H\x1b[2J"
 """Cursor home, then clear the screen (ANSI; every terminal emulator in use understands it)."""
 
 
-def leases_of(store: LockStore, include_inactive: bool) -> list[LeaseInfo]:
+def leases_of(service: Locks, include_inactive: bool) -> list[LeaseInfo]:
+    """The leases of the service's keys (its key prefix's alone, shown without it)."""
     try:
-        return store.leases(include_inactive=include_inactive)
+        return service.leases(include_inactive=include_inactive)
     except NotImplementedError:
         raise CommandError(
-            f"The lock store {describe_store(store)} cannot list its leases."
+            f"The lock store {describe_store(service.store)} cannot list its leases."
         ) from None
 
 
-def none_held(store: LockStore, include_inactive: bool) -> str:
-    return f"No {'' if include_inactive else 'held '}lease in {describe_store(store)}."
+def of_prefix(service: Locks) -> str:
+    """What a line about the store adds when the service keeps to a key prefix: only the
+    keys under it are listed, released or pruned."""
+    if not service.key_prefix:
+        return ""
+    return f" (keys of LOCKS['KEY_PREFIX'] {service.key_prefix!r})"
+
+
+def none_held(service: Locks, include_inactive: bool) -> str:
+    where = describe_store(service.store) + of_prefix(service)
+    return f"No {'' if include_inactive else 'held '}lease in {where}."
 
 
 def table(leases: list[LeaseInfo]) -> list[str]:
@@ -156,7 +169,7 @@ def _expiry(lease: LeaseInfo) -> str:
     return f"{seconds:.1f}s" if seconds >= 0 else f"expired {-seconds:.1f}s ago"
 
 
-def watch(command: BaseCommand, store: LockStore, *, include_inactive: bool, as_json: bool) -> None:
+def watch(command: BaseCommand, service: Locks, *, include_inactive: bool, as_json: bool) -> None:
     """``locks list --watch``: the listing again every second until SIGINT (Ctrl-C), which ends
     it with exit status 0. On a terminal the screen is cleared between refreshes; otherwise
     (a pipe, a file, a test) each refresh is a timestamped block followed by a blank line, or
@@ -170,7 +183,7 @@ def watch(command: BaseCommand, store: LockStore, *, include_inactive: bool, as_
     try:
         next_at = time.monotonic()
         while not stop.is_set():
-            lines = _refresh(store, include_inactive, as_json, stop)
+            lines = _refresh(service, include_inactive, as_json, stop)
             if stop.is_set():
                 break
             if terminal:
@@ -193,14 +206,15 @@ def watch(command: BaseCommand, store: LockStore, *, include_inactive: bool, as_
 
 
 def _refresh(
-    store: LockStore, include_inactive: bool, in_json: bool, stop: threading.Event
+    service: Locks, include_inactive: bool, in_json: bool, stop: threading.Event
 ) -> list[str]:
     """One refresh's lines: its header and the table (or one JSON document), or the error."""
     at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    store = service.store
     name = describe_store(store)
     deadline = time.monotonic() + WATCH_CALL_LIMIT
     try:
-        leases = checks.call(lambda: leases_of(store, include_inactive), deadline, stop)
+        leases = checks.call(lambda: leases_of(service, include_inactive), deadline, stop)
     except (LocksError, TimeoutError) as exc:
         status, fix = checks.failure(exc, store, WATCH_CALL_LIMIT)
         if in_json:
@@ -212,11 +226,11 @@ def _refresh(
         return [json.dumps(document)]
     # A key's own record under permits is no holder's lease: its slots are counted.
     held = sum(lease.state == "held" and not lease.is_summary for lease in leases)
-    header = f"{at}  {name}: {held} held lease{'' if held == 1 else 's'}"
+    header = f"{at}  {name}{of_prefix(service)}: {held} held lease{'' if held == 1 else 's'}"
     if include_inactive:
         ended = sum(lease.state != "held" and not lease.is_summary for lease in leases)
         header += f", {ended} ended"
-    body = table(leases) if leases else [none_held(store, include_inactive)]
+    body = table(leases) if leases else [none_held(service, include_inactive)]
     return [f"{header} (every {WATCH_EVERY:g}s, Ctrl-C to stop)", *body]
 
 

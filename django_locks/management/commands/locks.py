@@ -16,9 +16,9 @@ from django_locks.exceptions import LocksError
 from django_locks.keys import validate_key
 from django_locks.management import probes
 from django_locks.management.probes import leases_of, none_held, table
-from django_locks.service import locks
+from django_locks.service import Locks, locks
 from django_locks.slots import base_of, count_held_slots
-from django_locks.stores.base import LeaseInfo, LockStore
+from django_locks.stores.base import LeaseInfo
 from django_locks.stores.naming import describe_store
 
 logger = logging.getLogger("django_locks")
@@ -26,9 +26,10 @@ logger = logging.getLogger("django_locks")
 
 class Command(BaseCommand):
     help = (
-        "See and operate the configured lock store's leases: `list` them, `release` one held "
-        "by a process that is gone for good, `prune` long-released rows of the database store, "
-        "`health`: exit 0 when the store answers and every election has a leader."
+        "See and operate the configured lock store's leases (those of LOCKS['KEY_PREFIX'], "
+        "shown without it): `list` them, `release` one held by a process that is gone for "
+        "good, `prune` long-released rows of the database store, `health`: exit 0 when the "
+        "store answers and every election has a leader."
     )
     stealth_options = ("stdin",)
 
@@ -64,48 +65,52 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         stdin: TextIO = options.get("stdin") or sys.stdin
-        store = locks.store
+        # Every store call goes through the service: the keys of its KEY_PREFIX alone.
+        service: Locks = locks
         try:
             if options["subcommand"] == "list" and options["watch"]:
-                probes.watch(self, store, include_inactive=options["all"], as_json=options["json"])
+                probes.watch(
+                    self, service, include_inactive=options["all"], as_json=options["json"]
+                )
             elif options["subcommand"] == "list":
-                self.list(store, include_inactive=options["all"], as_json=options["json"])
+                self.list(service, include_inactive=options["all"], as_json=options["json"])
             elif options["subcommand"] == "health":
                 probes.health(self, options)
             elif options["subcommand"] == "release":
-                self.release(store, options["key"], confirmed=options["yes"], stdin=stdin)
+                self.release(service, options["key"], confirmed=options["yes"], stdin=stdin)
             else:
-                self.prune(store, options["older_than"], dry_run=options["dry_run"])
+                self.prune(service, options["older_than"], dry_run=options["dry_run"])
         except LocksError as exc:
-            raise CommandError(f"The lock store {describe_store(store)} failed: {exc}") from exc
+            raise CommandError(
+                f"The lock store {describe_store(service.store)} failed: {exc}"
+            ) from exc
 
-    def list(self, store: LockStore, *, include_inactive: bool, as_json: bool) -> None:
-        leases = leases_of(store, include_inactive)
+    def list(self, service: Locks, *, include_inactive: bool, as_json: bool) -> None:
+        leases = leases_of(service, include_inactive)
         if as_json:
             self.stdout.write(json.dumps(probes.as_json_list(leases), indent=2))
             return
         if not leases:
-            self.stderr.write(none_held(store, include_inactive))
+            self.stderr.write(none_held(service, include_inactive))
             return
         for line in table(leases):
             self.stdout.write(line)
 
-    def release(self, store: LockStore, key: str, *, confirmed: bool, stdin: TextIO) -> None:
+    def release(self, service: Locks, key: str, *, confirmed: bool, stdin: TextIO) -> None:
         # Before any store call: an argument that is not valid UTF-8 reaches Python as lone
-        # surrogates, which no store could encode.
+        # surrogates, which no store could encode (nor one too long with the key prefix).
         try:
             validate_key(key, name="KEY")
+            held = service.lease(key)
         except (TypeError, ValueError) as exc:
             raise CommandError(str(exc)) from exc
-        try:
-            held = store.lease(key)
         except NotImplementedError:
             held = None  # a store that cannot list: ask, then try
         else:
             if held is None:  # say so before asking anything
                 raise CommandError(f"No live lease on {key!r}: nothing to release.")
         # A key taken with permits: its own record frees every slot (say how many first).
-        slots = None if held is None or not held.is_summary else count_held_slots(store, key)
+        slots = None if held is None or not held.is_summary else count_held_slots(service, key)
         what = repr(key) + _described(held, slots)
         if not confirmed:
             whose = "Its holder is" if slots is None or slots == 1 else "Each holder is"
@@ -121,7 +126,7 @@ class Command(BaseCommand):
             if answer.strip().lower() not in {"y", "yes"}:
                 raise CommandError("Not released." if answer else "Not released (no answer).")
         operator, host = _operator(), socket.gethostname()
-        if not store.force_end(key, f"cli {operator}@{host}"):
+        if not service.force_release(key, by=f"cli {operator}@{host}"):
             raise CommandError(f"No live lease on {key!r}: nothing was released.")
         # The audit trail of an operator's release, as the admin's log entry is for the page.
         logger.warning(
@@ -141,13 +146,14 @@ class Command(BaseCommand):
             return
         self.stdout.write(f"Released {what}; the key keeps its fencing token.")
 
-    def prune(self, store: LockStore, older_than: str, *, dry_run: bool = False) -> None:
+    def prune(self, service: Locks, older_than: str, *, dry_run: bool = False) -> None:
         try:
             ms = bounded_ms(
                 older_than, name="--older-than", minimum_ms=0, maximum_ms=MAX_DURATION_MS
             )
         except (TypeError, ValueError) as exc:
             raise CommandError(str(exc)) from exc
+        store = service.store
         if not store.keeps_ended_leases:
             self.stdout.write(
                 f"Nothing to prune in {describe_store(store)}: only the database store keeps "
@@ -155,20 +161,22 @@ class Command(BaseCommand):
             )
             return
         try:
-            count = store.prune(ms, dry_run=dry_run)
-        except NotImplementedError:
+            count = service.prune(ms, dry_run=dry_run)
+        except NotImplementedError as exc:
+            why = f" ({exc})" if service.key_prefix else ""
             raise CommandError(
-                f"The lock store {describe_store(store)} cannot prune its leases."
+                f"The lock store {describe_store(store)} cannot prune its leases{why}."
             ) from None
+        where = describe_store(store) + probes.of_prefix(service)
         if dry_run:
             self.stdout.write(
                 f"Would prune {count} lease{'' if count == 1 else 's'} released or expired more "
-                f"than {older_than} ago from {describe_store(store)} (--dry-run: nothing deleted)."
+                f"than {older_than} ago from {where} (--dry-run: nothing deleted)."
             )
             return
         self.stdout.write(
             f"Pruned {count} lease{'' if count == 1 else 's'} released or expired more than "
-            f"{older_than} ago from {describe_store(store)}; every key's next token stays greater."
+            f"{older_than} ago from {where}; every key's next token stays greater."
         )
 
 
