@@ -1,20 +1,23 @@
 """``LeaseAdmin``: the "Leases" page. On the database store, Django's own changelist over the
 ``Lease`` table (filtered, searched, sorted, counted and paged in SQL, on the store's alias);
-on any other store, the listing of its ``leases()`` (``listing.py``)."""
+on any other store, the listing of the service's ``leases()`` (``listing.py``). Either way only
+the keys of ``LOCKS["KEY_PREFIX"]``, shown and searched without it."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin
 from django.contrib.admin import helpers
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.db import DatabaseError
 from django.db.models import F, QuerySet
-from django.db.models.functions import Now
+from django.db.models.functions import Left, Now, Substr
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path
+from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
@@ -71,11 +74,17 @@ def refresh_seconds(request: HttpRequest) -> int | None:
 
 
 def lease_view(row: Lease) -> LeaseView:
-    """The row as the page shows it, made once per row (every cell of it asks)."""
+    """The row as the page shows it (its key without the key prefix), made once per row
+    (every cell of it asks)."""
     view = row.__dict__.get("_lease_view")
     if view is None:
-        view = row.__dict__["_lease_view"] = LeaseView.of_row(row)
+        view = LeaseView.of_row(row).without_prefix(locks.key_prefix)
+        row.__dict__["_lease_view"] = view
     return view
+
+
+SHOWN_KEY = "shown_key"
+"""The annotation of the key without the key prefix, which a search looks into."""
 
 
 class LeaseChangeList(ChangeList):
@@ -159,12 +168,29 @@ class LeaseAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def get_queryset(self, request: HttpRequest) -> QuerySet[Lease]:
         """The store's rows on the store's alias (routers play no part), each with its state,
         the database's clock and (a key's summary under permits) how many of its slots are
-        held, ordered as :data:`ORDERING` (or as sorted)."""
+        held, ordered as :data:`ORDERING` (or as sorted). Under a key prefix, only the rows of
+        its keys (compared exactly: SQLite's LIKE would ignore case), each with its key
+        without it (:data:`SHOWN_KEY`)."""
         alias = database_alias(locks.store) or "default"
-        queryset = Lease._default_manager.using(alias).annotate(
+        queryset = Lease._default_manager.using(alias).all()
+        prefix = locks.key_prefix
+        if prefix:
+            queryset = (
+                queryset.alias(key_head=Left("key", len(prefix)))
+                .filter(key_head=prefix)
+                .annotate(**{SHOWN_KEY: Substr("key", len(prefix) + 1)})
+            )
+        queryset = queryset.annotate(
             lease_state=state_expression(), listed_at=Now(), held_permits=held_permits()
         )
         return queryset.order_by(*(self.get_ordering(request) or ()))
+
+    def get_search_fields(self, request: HttpRequest) -> tuple[str, ...]:
+        """The key is searched as people see it: without the key prefix."""
+        fields = tuple(self.search_fields)
+        if locks.key_prefix:
+            return tuple(SHOWN_KEY if name == "key" else name for name in fields)
+        return fields
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return LeaseChangeList
@@ -180,6 +206,7 @@ class LeaseAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         context = {
             "title": _("Leases"),
             "store_name": describe_store(store),
+            "key_prefix": locks.key_prefix,
             "refresh_seconds": refresh_seconds(request),
             **(extra_context or {}),
         }
@@ -194,8 +221,17 @@ class LeaseAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     # The columns (the listing page of other stores has the same: listing.COLUMNS).
 
     def action_checkbox(self, obj: Lease) -> SafeString:
-        """Only a held lease can be selected for release."""
-        return super().action_checkbox(obj) if lease_view(obj).held else SafeString("&nbsp;")
+        """Only a held lease can be selected for release. Its value is the row's primary key
+        (what Django's action selects rows by); under a key prefix its label is the key
+        without it."""
+        view = lease_view(obj)
+        if not view.held:
+            return SafeString("&nbsp;")
+        if not locks.key_prefix:
+            return super().action_checkbox(obj)
+        label = format_html(_("Select this object for an action - {}"), view.key)
+        checkbox = forms.CheckboxInput({"class": "action-select", "aria-label": label})
+        return SafeString(checkbox.render(helpers.ACTION_CHECKBOX_NAME, str(obj.pk)))
 
     @admin.display(description=gettext_lazy("Key"), ordering="key")
     def lease_key(self, obj: Lease) -> SafeString:
@@ -225,11 +261,16 @@ class LeaseAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     @admin.action(description=gettext_lazy("Release selected leases"), permissions=["release"])
     def release_selected(self, request: HttpRequest, queryset: QuerySet[Lease]) -> Any:
-        """Confirm, then ``force_end`` the selected leases that are held (SQL says which:
-        an ended row posted anyway is refused)."""
-        held = {row.key: lease_view(row) for row in queryset.filter(held_q())}
+        """Confirm, then release the selected leases that are held (SQL says which: an ended
+        row posted anyway is refused) through the service, by their keys without the key
+        prefix; the confirmation posts the rows' primary keys back."""
+        rows = {row.key: lease_view(row) for row in queryset.filter(held_q())}
         if request.POST.get("select_across") == "1":
-            keys = list(held)
+            posted = list(rows)
         else:
-            keys = list(dict.fromkeys(request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)))
-        return release(self, request, keys, held)
+            posted = list(dict.fromkeys(request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)))
+        # A posted value that is no held row of this prefix stays as posted: found nowhere,
+        # it is reported as not held.
+        keys = list(dict.fromkeys(rows[pk].key if pk in rows else pk for pk in posted))
+        held = {view.key: view for view in rows.values()}
+        return release(self, request, keys, held, posted)

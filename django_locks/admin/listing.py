@@ -22,6 +22,7 @@ from django_locks.admin.states import LABELS, STATE_VAR, store_filters
 from django_locks.exceptions import LocksError
 from django_locks.service import locks
 from django_locks.slots import held_slots
+from django_locks.stores.base import LeaseInfo
 from django_locks.stores.naming import describe_store
 
 SEARCH_VAR = "q"
@@ -140,7 +141,7 @@ def store_leases(model_admin: Any, request: HttpRequest) -> list[LeaseView]:
     """Every lease the store lists (held, then expired, then ended; by key), or none with a
     message when the store cannot list them or cannot be reached."""
     try:
-        leases = locks.store.leases(include_inactive=True)
+        leases = locks.leases(include_inactive=True)
     except (NotImplementedError, LocksError) as exc:
         store_unreadable(model_admin, request, exc)
         return []
@@ -169,10 +170,10 @@ def release_posted(model_admin: Any, request: HttpRequest) -> HttpResponse:
         return HttpResponseRedirect(request.get_full_path())
     found: dict[str, LeaseView] = {}
     try:
-        infos = [locks.store.lease(key, include_inactive=True) for key in keys]
+        infos = [_lease(key) for key in keys]
         # A held summary's count of held slots: one listing of the held leases, only then.
         summaries = any(info and info.is_summary and info.state == "held" for info in infos)
-        held = held_slots(locks.store.leases()) if summaries else Counter[str]()
+        held = held_slots(locks.leases()) if summaries else Counter[str]()
         for key, info in zip(keys, infos, strict=True):
             if info is not None:
                 found[key] = LeaseView.of_info(info, held[key])
@@ -181,6 +182,15 @@ def release_posted(model_admin: Any, request: HttpRequest) -> HttpResponse:
         found = {}
     response = release(model_admin, request, keys, found)
     return response or HttpResponseRedirect(request.get_full_path())
+
+
+def _lease(key: str) -> LeaseInfo | None:
+    """The lease on a posted key (without the key prefix), ``None`` for a key no lease could
+    have (posted by hand: empty, too long with the prefix)."""
+    try:
+        return locks.lease(key, include_inactive=True)
+    except (TypeError, ValueError):
+        return None
 
 
 def store_unreadable(model_admin: Any, request: HttpRequest, exc: BaseException) -> None:

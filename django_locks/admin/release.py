@@ -1,6 +1,7 @@
-"""The "Release selected leases" action of the Leases page: a confirmation page, then
-``force_end`` for each lease still held, recorded in the admin log and on the logger. A key's
-summary under permits frees every slot of the key; a slot, that permit alone."""
+"""The "Release selected leases" action of the Leases page: a confirmation page, then the
+service's ``force_release`` for each lease still held (a key as people see it, without the
+service's key prefix), recorded in the admin log and on the logger. A key's summary under
+permits frees every slot of the key; a slot, that permit alone."""
 
 from __future__ import annotations
 
@@ -38,10 +39,13 @@ def release(
     request: HttpRequest,
     keys: Sequence[str],
     leases: Mapping[str, LeaseView],
+    posted: Sequence[str] | None = None,
 ) -> HttpResponse | None:
-    """Ask for confirmation of releasing ``keys`` (``leases``: what the store said of each,
-    those it did not list left out), or, once confirmed (``post=yes``), release the ones
-    still held. An ended lease is never released, whatever was posted. Returns the
+    """Ask for confirmation of releasing ``keys`` (without the key prefix; ``leases``: what
+    the store said of each, those it did not list left out), or, once confirmed
+    (``post=yes``), release the ones still held. An ended lease is never released, whatever
+    was posted. ``posted``: what the confirmation posts back to select them again (the rows'
+    primary keys on the database store's changelist; default ``keys``). Returns the
     confirmation page, or ``None`` once done (the caller redirects back to the list)."""
     covered = covered_slots(keys, leases)
     if request.POST.get("post") != "yes":
@@ -55,6 +59,7 @@ def release(
             "media": model_admin.media,
             "store_name": describe_store(locks.store),
             "keys": keys,
+            "posted": keys if posted is None else posted,
             "rows": [(key, leases.get(key), key in covered) for key in keys],
             "permits_freed": sum(
                 view.permits_freed
@@ -77,7 +82,7 @@ def release(
             not_held.append(key)
             continue
         try:
-            freed = locks.store.force_end(key, by=by)
+            freed = locks.force_release(key, by=by)
         except LocksError as exc:
             model_admin.message_user(
                 request,

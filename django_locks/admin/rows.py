@@ -58,6 +58,14 @@ class LeaseView:
     def held(self) -> bool:
         return self.state == "held"
 
+    def without_prefix(self, prefix: str) -> LeaseView:
+        """The lease as people see it under a service's key prefix: its key (and a slot's base
+        key) without ``prefix``, which the store's rows carry."""
+        if not prefix:
+            return self
+        base = None if self.base is None else self.base.removeprefix(prefix)
+        return dataclasses.replace(self, key=self.key.removeprefix(prefix), base=base)
+
     @property
     def is_summary(self) -> bool:
         """Whether this is a key's own record under permits (held while any slot is)."""
