@@ -622,3 +622,109 @@ def test_redis_page_shows_no_filter_it_cannot_fill(redis_server, releaser, setti
 )
 def test_short_durations(seconds, shown):
     assert short_duration(datetime.timedelta(seconds=seconds)) == shown
+
+
+# LOCKS["KEY_PREFIX"]: another project's leases share the store.
+
+PREFIXED = {"BACKEND": "django_locks.stores.DatabaseStore", "KEY_PREFIX": "a:"}
+MEMORY_BACKEND = "django_locks.stores.InMemoryStore"
+
+
+@pytest.fixture
+def two_projects(settings: Any) -> Iterator[LockStore]:
+    """The database store on SQLite under the key prefix ``a:``, with held leases of ours
+    (``a:``), of another project (``b:``) and of one without a prefix, and an ended one of
+    ours; and a key of ours taken with permits."""
+    settings.LOCKS = PREFIXED
+    put("a:held:export", token=11, kind="worker", detail="nightly")
+    put("a:held:report", token=12)
+    put("A:held:export", token=13)  # another project: keys are compared exactly
+    put("b:held:export", token=14)
+    put("held:export", token=15)
+    put("a:released:clean", token=16, ended="release", minutes=1)
+    store = locks.store
+    for n in range(2):
+        grant = store.acquire_permit("a:pool", f"{OWNER}-{n}", 60_000, 3, Holder.parse("w:1"))
+        assert grant is not None
+    yield store
+    store.clear()
+    store.close()
+
+
+@DB
+def test_the_page_lists_only_the_prefixs_keys_without_it(releaser, two_projects):
+    html = releaser.get(URL).content.decode()
+    assert sorted(listed(html)) == [
+        "held:export",
+        "held:report",
+        "pool",
+        "pool#1",
+        "pool#2",
+        "released:clean",
+    ]
+    # Never shown (a checkbox's value is the row's primary key, what Django's action selects by).
+    assert "a:held" not in re.sub(r'value="[^"]*"', "", html)
+    assert "b:held" not in html and "A:held" not in html
+    assert 'aria-label="Select this object for an action - held:export"' in html
+    assert "7 leases" not in html and "6 leases" in html
+    assert 'key prefix a: (LOCKS["KEY_PREFIX"]), shown without it.' in html
+    assert 'data-key="pool#1">pool</span> <span class="lease-permit">permit 1 of 3' in html
+
+
+@DB
+def test_search_looks_into_the_key_without_the_prefix(viewer, two_projects):
+    assert listed(viewer.get(URL, {"q": "export"}).content.decode()) == ["held:export"]
+    assert listed(viewer.get(URL, {"q": "a:"}).content.decode()) == []  # the prefix itself
+    assert listed(viewer.get(URL, {"q": "nightly"}).content.decode()) == ["held:export"]
+    held = viewer.get(URL, {"state": "held"}).content.decode()
+    assert sorted(listed(held)) == ["held:export", "held:report", "pool", "pool#1", "pool#2"]
+
+
+@DB
+def test_release_frees_the_prefixed_key_and_leaves_the_others(releaser, two_projects):
+    selected = {"action": "release_selected", "_selected_action": ["a:held:export"]}
+    page = releaser.post(URL, selected).content.decode()
+    assert "<li>held:export: held by " in page
+    assert 'name="_selected_action" value="a:held:export"' in page  # posted back as selected
+    assert releaser.post(URL, {**selected, "post": "yes"}).status_code == 302
+    ours = Lease.objects.get(key="a:held:export")
+    assert ours.released_at is not None and ours.ended_by == "admin releaser"
+    for other in ("b:held:export", "A:held:export", "held:export", "a:held:report"):
+        assert Lease.objects.get(key=other).released_at is None, other
+    entry = LogEntry.objects.get()
+    assert entry.object_repr == "held:export"
+    # Another project's key posted by hand is no row of this page: nothing is released.
+    forged = {"action": "release_selected", "_selected_action": ["b:held:export"], "post": "yes"}
+    follow = releaser.post(URL, forged, follow=True).content.decode()
+    assert "Not held any more, nothing to release: b:held:export" in follow
+    assert Lease.objects.get(key="b:held:export").released_at is None
+
+
+@DB
+def test_releasing_a_summary_under_a_prefix_frees_its_slots(releaser, two_projects):
+    selected = {"action": "release_selected", "_selected_action": ["a:pool"], "post": "yes"}
+    follow = releaser.post(URL, selected, follow=True).content.decode()
+    assert "Freed every permit of pool: 2 were held." in follow
+    assert [info.key for info in locks.leases()] == ["held:export", "held:report"]
+
+
+@DB
+def test_the_listing_page_keeps_to_the_prefix_too(releaser, settings):
+    settings.LOCKS = {
+        "BACKEND": MEMORY_BACKEND,
+        "ALLOW_IN_MEMORY_STORAGE": True,
+        "KEY_PREFIX": "a:",
+    }
+    store = locks.store
+    for key in ("a:held:export", "a:held:report", "b:held:export", "held:export"):
+        assert isinstance(store.acquire_as(key, f"{OWNER}-{key}", 60_000, Holder.parse("w:1")), int)
+    html = releaser.get(URL).content.decode()
+    assert listed(html) == ["held:export", "held:report"]
+    assert checkboxes(html) == ["held:export", "held:report"]
+    assert listed(releaser.get(URL, {"q": "report"}).content.decode()) == ["held:report"]
+    assert listed(releaser.get(URL, {"q": "a:"}).content.decode()) == []
+    selected = {"action": "release_selected", "_selected_action": ["held:export"], "post": "yes"}
+    assert releaser.post(URL, selected).status_code == 302
+    assert store.lease("a:held:export") is None
+    assert store.lease("b:held:export") is not None and store.lease("held:export") is not None
+    assert store.lease("a:held:report") is not None

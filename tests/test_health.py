@@ -532,3 +532,61 @@ def test_the_backend_refuses_bad_options_where_it_is_configured(
 ) -> None:
     with pytest.raises(error, match=match):
         LocksCheck(**options)
+
+
+# LOCKS["KEY_PREFIX"]: another project's leases share the store.
+
+
+@pytest.fixture
+def prefixed_memory(settings: Any) -> Iterator[Any]:
+    """The in-memory store under the key prefix ``a:``; another project (``b:``) leads
+    every election of this process in it."""
+    settings.LOCKS = {
+        "BACKEND": "django_locks.stores.InMemoryStore",
+        "ALLOW_IN_MEMORY_STORAGE": True,
+        "KEY_PREFIX": "a:",
+    }
+    store = locks.store
+    for key in (WRITER, STUBBORN):
+        assert store.acquire(f"b:{key}", f"theirs-{key}", 60_000) is not None
+    yield store
+    store.clear()
+
+
+def test_health_looks_elections_up_under_the_prefix_only(prefixed_memory):
+    """Another project's leaders are not this project's: its elections have none."""
+    expected = {WRITER: "--election"}
+    [store_check, election] = health.run(expected)
+    assert store_check.ok
+    assert not election.ok and election.status == "no leader: no process holds its lease"
+    writer = locks.acquire(WRITER, ttl="60s")
+    assert writer is not None and prefixed_memory.lease(f"a:{WRITER}") is not None
+    [_, election] = health.run(expected)
+    assert election.ok and election.fencing_token == writer.fencing_token
+    out = io.StringIO()
+    call_command("locks", "health", "--skip-registered", "--election", WRITER, stdout=out)
+    assert f"election {WRITER!r}: led by " in out.getvalue()
+    writer.release()
+    with pytest.raises(CommandError, match="Unhealthy"):
+        call_command(
+            "locks", "health", "--skip-registered", "--election", WRITER, stdout=io.StringIO()
+        )
+
+
+def test_the_health_check_backend_ignores_another_projects_leaders(prefixed_memory):
+    check = LocksCheck(elections=[STUBBORN], skip_registered=True)
+    result = asyncio.run(check.get_result())
+    assert result.error is not None and f"election {STUBBORN!r}: no leader" in str(result.error)
+    lock = locks.acquire(STUBBORN, ttl="60s")
+    assert lock is not None
+    assert asyncio.run(check.get_result()).error is None
+    lock.release()
+
+
+def test_watch_lists_the_prefixs_keys_and_says_so(prefixed_memory):
+    from django_locks.management import probes
+
+    assert prefixed_memory.acquire("a:export", "ours", 60_000) is not None
+    lines = probes._refresh(locks, False, False, threading.Event())
+    assert "(keys of LOCKS['KEY_PREFIX'] 'a:'): 1 held lease " in lines[0]
+    assert [line.split()[0] for line in lines[2:]] == ["export"]

@@ -296,3 +296,80 @@ def test_prune_needs_a_valid_duration(sqlite_store):
 def test_list_on_sqlite_json(sqlite_store):
     leases = in_every_state(sqlite_store)
     assert {v["key"]: (v["state"], v["fencing_token"]) for v in listed("--all")} == leases
+
+
+# LOCKS["KEY_PREFIX"]: another project's leases share the store.
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("default", id="sqlite"),
+        pytest.param("postgres", marks=ON_POSTGRES, id="postgres"),
+        pytest.param("redis", marks=pytest.mark.redis, id="redis"),
+    ]
+)
+def prefixed(request: pytest.FixtureRequest, settings: Any) -> Iterator[LockStore]:
+    """The configured store under the key prefix ``a:``, holding ``a:report`` and ``a:export``
+    (ours), ``b:report`` (another project's) and ``report`` (one without a prefix)."""
+    if request.param == "redis":
+        url = request.getfixturevalue("redis_server").url
+        setting = {"BACKEND": "django_locks.stores.RedisStore", "OPTIONS": {"url": url}}
+    else:
+        options = {"using": request.param}
+        setting = {"BACKEND": "django_locks.stores.DatabaseStore", "OPTIONS": options}
+    settings.LOCKS = {**setting, "KEY_PREFIX": "a:"}
+    store = locks.store
+    store.clear()
+    for name in ("a:report", "a:export", "b:report", "report"):
+        assert store.acquire(name, f"owner-{name}", 60_000) is not None
+    yield store
+    store.clear()
+    if store.keeps_ended_leases:
+        store.prune(0)
+    store.close()
+
+
+def test_list_shows_only_the_prefixs_keys_without_it(prefixed):
+    assert [lease["key"] for lease in listed()] == ["export", "report"]
+    assert [lease["key"] for lease in listed("--all")] == ["export", "report"]
+    lines = run("list").splitlines()
+    assert [line.split()[0] for line in lines[1:]] == ["export", "report"]
+    prefixed.force_release("a:export")
+    prefixed.force_release("a:report")
+    out, err = io.StringIO(), io.StringIO()
+    call_command("locks", "list", stdout=out, stderr=err)
+    assert "No held lease in " in err.getvalue()
+    assert "(keys of LOCKS['KEY_PREFIX'] 'a:')" in err.getvalue()
+
+
+def test_release_frees_the_prefixs_key_only(prefixed, caplog):
+    with caplog.at_level(logging.WARNING, logger="django_locks"):
+        out = run("release", "report", "--yes")
+    assert "Released 'report'" in out
+    assert prefixed.lease("a:report") is None
+    assert prefixed.lease("b:report") is not None and prefixed.lease("report") is not None
+    assert prefixed.lease("a:export") is not None
+    [line] = [r.getMessage() for r in caplog.records if "locks release" in r.getMessage()]
+    assert "'report'" in line and "a:report" not in line
+    # Another project's key is not this project's to release: it is looked up under a:.
+    with pytest.raises(CommandError, match="No live lease on 'b:report'"):
+        run("release", "b:report", "--yes")
+    assert prefixed.lease("b:report") is not None
+    with pytest.raises(CommandError, match="with the key prefix 'a:' counted"):
+        run("release", "k" * 499, "--yes")
+
+
+def test_prune_removes_only_the_prefixs_rows(prefixed):
+    if not prefixed.keeps_ended_leases:
+        assert "Nothing to prune" in run("prune", "--older-than", "0s")
+        return
+    for name in ("a:report", "b:report", "report"):
+        prefixed.release(name, f"owner-{name}")
+    alias = prefixed.using
+    backdate(alias, ["a:report", "b:report", "report"], days=40)
+    dry = run("prune", "--older-than", "30d", "--dry-run")
+    assert "Would prune 1 lease " in dry and "(keys of LOCKS['KEY_PREFIX'] 'a:')" in dry
+    assert "Pruned 1 lease " in run("prune", "--older-than", "30d")
+    assert rows(alias) >= {"b:report", "report", "a:export"}
+    assert "a:report" not in rows(alias)
+    assert "Pruned 0 leases" in run("prune", "--older-than", "0s")
