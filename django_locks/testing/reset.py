@@ -3,13 +3,9 @@ transaction rollback does not remove them."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from django_locks.renewal import held_keepers
+from django_locks.service import Locks
 from django_locks.stores.base import LockStore
-
-if TYPE_CHECKING:
-    from django_locks.service import Locks
 
 
 def reset_locks(store: LockStore | Locks | None = None) -> None:
@@ -23,7 +19,7 @@ def reset_locks(store: LockStore | Locks | None = None) -> None:
     token, so tokens still grow in the next test.
     """
     if store is None:
-        from django_locks.service import locks
+        from django_locks.service import locks  # the LazyObject, read when called
 
         store = locks
     for keeper in held_keepers():
