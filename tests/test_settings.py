@@ -40,6 +40,9 @@ def ready() -> None:
         ({"BACKEND": MEMORY, "METRICS": ["statsd"]}, "names 'statsd'; the exporters are"),
         ({"BACKEND": MEMORY, "METRICS": [1]}, "names 1; the exporters are 'opentelemetry'"),
         ({"BACKEND": MEMORY, "METRICS": ["prometheus"] * 2}, "names an exporter twice"),
+        ({"BACKEND": MEMORY, "KEY_PREFIX": 1}, "`LOCKS['KEY_PREFIX']` must be a str"),
+        ({"BACKEND": MEMORY, "KEY_PREFIX": "x" * 401}, "`LOCKS['KEY_PREFIX']` must be at most 400"),
+        ({"BACKEND": MEMORY, "MAX_HOLD": "1ms"}, "`LOCKS['MAX_HOLD']` must be None or a positive"),
     ],
 )
 def test_bad_settings_refuse_to_start_with_the_fix(value, message) -> None:
