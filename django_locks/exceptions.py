@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from django_locks.holders import Holder
@@ -11,7 +11,23 @@ DetectedBy = Literal["renewal", "deadline", "max_hold", "preempted"]
 
 
 class LocksError(Exception):
-    """Base class of every error django_locks raises on purpose."""
+    """Base class of every error django_locks raises on purpose.
+
+    Every one pickles with its facts (its attributes, not only its message): Celery's prefork
+    pool and result backends pickle the error a task failed with, and without them would
+    rebuild it as the nearest class whose constructor takes the message alone.
+    """
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuilt, (type(self), self.args, self.__dict__))
+
+
+def _rebuilt(cls: type[LocksError], args: tuple[Any, ...], state: dict[str, Any]) -> LocksError:
+    """An unpickled error: its message and attributes as they were, its ``__init__`` not run."""
+    error = cls.__new__(cls)
+    Exception.__init__(error, *args)
+    error.__dict__.update(state)
+    return error
 
 
 class LockNotAcquiredError(LocksError):

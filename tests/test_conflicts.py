@@ -746,3 +746,18 @@ def test_shared_key_is_not_the_owner_lease_of_a_stacked_on_one_instance() -> Non
     finally:
         unclaim(stacked_apart)
         release_owner_leases()
+
+
+def test_the_errors_pickle_with_their_facts() -> None:
+    """Celery's prefork pool and result backends pickle the error a task failed with."""
+    import pickle
+
+    from django_locks.holders import this_process
+
+    refused = LockNotAcquiredError("conflicts:k", 0.5, this_process(), 2)
+    preempted = PreemptedError("conflicts:k", 7)
+    for error in (refused, preempted, LockLostError("conflicts:k", 7, "max_hold")):
+        again = pickle.loads(pickle.dumps(error))
+        assert type(again) is type(error)
+        assert str(again) == str(error) and again.__dict__ == error.__dict__
+    assert pickle.loads(pickle.dumps(refused)).holder == refused.holder
