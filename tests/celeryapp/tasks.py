@@ -95,3 +95,52 @@ def limited(tenant: str, seconds: float) -> None:
     record("limited-start", tenant=tenant)
     time.sleep(seconds)
     record("limited-end", tenant=tenant)
+
+
+# on_conflict (tests/test_celery_conflicts.py): each run records its start and its end.
+
+
+def hold(name: str, what: str, seconds: float) -> None:
+    """Record ``<what>-start``, hold the run lock ``seconds`` (or until its signal aborts),
+    record ``<what>-end`` with how it ended."""
+    lock = current_lock()
+    assert lock is not None
+    record(f"{what}-start", job=name, retries=current_task.request.retries)
+    lock.signal.wait(seconds)
+    how = type(lock.signal.reason).__name__ if lock.signal.aborted else "finished"
+    record(f"{what}-end", job=name, how=how)
+
+
+@shared_task
+@without_overlapping("raising:{name}", on_conflict="raise", ttl="1s")
+def raising(name: str, seconds: float) -> None:
+    """Fails with LockNotAcquiredError when a run of it (or anyone) holds its key."""
+    hold(name, "raising", seconds)
+
+
+@shared_task
+@without_overlapping("retrying:{name}", on_conflict="retry", max_retries=4, ttl="1s")
+def retrying(name: str, seconds: float) -> None:
+    """Retried later (at most 4 times) while its key is held."""
+    hold(name, "retrying", seconds)
+
+
+@shared_task
+@without_overlapping("impatient:{name}", on_conflict="retry", max_retries=1, ttl="1s")
+def impatient(name: str, seconds: float) -> None:
+    """Retried once, then fails with LockNotAcquiredError."""
+    hold(name, "impatient", seconds)
+
+
+@shared_task
+@without_overlapping("replacing:{name}", on_conflict="replace", ttl="1s")
+def replacing(name: str, seconds: float) -> None:
+    """A new run stops the running one (its signal aborts) and runs after it."""
+    hold(name, "replacing", seconds)
+
+
+@shared_task
+@without_overlapping("waiting:{name}", ttl="1s", wait="10s")
+def waiting(name: str, seconds: float) -> None:
+    """Waits up to 10 s for the running one to end, then runs."""
+    hold(name, "waiting", seconds)
