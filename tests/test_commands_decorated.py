@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.celeryapp.processes import Processes, migrate
+from tests.waiting import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -77,3 +78,51 @@ def test_limit_concurrency_runs_two_of_four_invocations_the_others_exit_0_saying
             assert (
                 "Skipped limited_report (key 'limited:report'): every permit is taken (held by "
             ) in text, text
+
+
+def database_processes(tmp_path: Path) -> Processes:
+    template = tmp_path / "template.sqlite3"
+    migrate(template)
+    (tmp_path / "run").mkdir()
+    return Processes(
+        tmp_path / "run",
+        template,
+        "redis://127.0.0.1:1/0",
+        locks={"BACKEND": "django_locks.stores.DatabaseStore", "TTL": "2s"},
+    )
+
+
+def test_a_command_with_on_conflict_raise_exits_non_zero_naming_the_holder(
+    tmp_path: Path,
+) -> None:
+    processes = database_processes(tmp_path)
+    started = tmp_path / "started"
+    first = processes.manage("raising_report", "--sleep", "5", "--started", str(started))
+    eventually(started.exists, timeout=60, what="the first run holds the run lock")
+    second = processes.manage("raising_report")
+    _, err = second.communicate(timeout=60)
+    out, _ = first.communicate(timeout=60)
+    assert first.returncode == 0 and out.decode().startswith("ran with token")
+    assert second.returncode != 0
+    text = err.decode()
+    assert "LockNotAcquiredError: Lock 'raising:report' is held by " in text, text
+    assert f" pid {first.pid} (command raising_report) since " in text, text
+
+
+def test_a_new_command_run_replaces_the_running_one(tmp_path: Path) -> None:
+    processes = database_processes(tmp_path)
+    out = tmp_path / "runs"
+    first = processes.manage("replacing_report", "--out", str(out), "--hold", "60")
+    eventually(
+        (tmp_path / "runs.started").exists, timeout=60, what="the first run holds the run lock"
+    )
+    second = processes.manage("replacing_report", "--out", str(out))
+    results = [process.communicate(timeout=60) for process in (first, second)]
+    assert [first.returncode, second.returncode] == [0, 0], results
+    lines = [line.split() for line in out.read_text().splitlines()]
+    # The running one's signal aborted: it stopped, and its block's end let the new one in.
+    assert [(int(pid), how) for pid, _, how in lines] == [
+        (first.pid, "PreemptedError"),
+        (second.pid, "finished"),
+    ]
+    assert int(lines[1][1]) > int(lines[0][1])
