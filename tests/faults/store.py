@@ -8,7 +8,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from django_locks.holders import Holder
-from django_locks.stores.base import LeaveReason, LockStore, PermitGrant, ReleaseReason
+from django_locks.stores.base import (
+    LeaveReason,
+    LockStore,
+    PermitGrant,
+    ReleaseReason,
+    Renewed,
+)
 
 
 def build_store(spec: dict[str, Any]) -> LockStore:
@@ -29,8 +35,8 @@ class DelayingStore(LockStore):
     a request (the late "OK" must not count).
 
     It forwards every method the service calls (the holder-recording acquire, ``end`` and
-    ``leave``, batched renewals, permits), so that the workers run the store's own code paths,
-    as a process of the project would."""
+    ``leave``, batched renewals, permits, preempt requests), so that the workers run the
+    store's own code paths, as a process of the project would."""
 
     def __init__(self, inner: LockStore, record: Callable[..., None]) -> None:
         self.inner = inner
@@ -88,7 +94,7 @@ class DelayingStore(LockStore):
             self._hold_back("acquire", key, sent, list(grant))
         return grant
 
-    def renew(self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None) -> bool:
+    def renew(self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None) -> Renewed:
         sent = time.monotonic()
         renewed = self.inner.renew(key, owner, ttl_ms, timeout=timeout)
         self._hold_back("renew", key, sent, renewed)
@@ -96,11 +102,18 @@ class DelayingStore(LockStore):
 
     def renew_many(
         self, leases: Sequence[tuple[str, str, int]], *, timeout: float | None = None
-    ) -> list[bool]:
+    ) -> Sequence[Renewed]:
         sent = time.monotonic()
         renewed = self.inner.renew_many(leases, timeout=timeout)
         self._hold_back("renew", ",".join(key for key, _, _ in leases), sent, renewed)
         return renewed
+
+    @property
+    def supports_preempt(self) -> bool:  # type: ignore[override]
+        return self.inner.supports_preempt
+
+    def preempt(self, key: str, *, timeout: float | None = None) -> int | None:
+        return self.inner.preempt(key, timeout=timeout)
 
     def release(self, key: str, owner: str, *, timeout: float | None = None) -> bool:
         return self.inner.release(key, owner, timeout=timeout)
