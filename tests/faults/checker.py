@@ -30,6 +30,9 @@ windows and rows of ``<key>#<permit>``, the resource its token fences), ``duplic
 across every slot of the key (its one sequence), and ``over_permits`` over the key's windows
 whatever permit they name.
 
+The ``replace`` and ``max_hold`` scenarios' own violations and figures (preempt requests,
+preemptions, caps, the takeover after a cap) are tests/faults/job_checks.py's.
+
 Figures: lateness of ``deadline`` losses (loss instant minus deadline, leaving out processes that
 were stopped at their deadline), takeover after a holder crash (kill to the next holder's
 ``ok`` or accepted write), and the canary's lost updates (unfenced, expected above zero whenever
@@ -46,7 +49,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-VIOLATIONS = (
+from tests.faults.job_checks import JOB_VIOLATIONS, check_jobs, job_figures, job_summary
+
+BASE_VIOLATIONS = (
     "overlap",
     "token_order",
     "duplicate_token",
@@ -54,6 +59,7 @@ VIOLATIONS = (
     "fenced_lost",
     "over_permits",
 )
+VIOLATIONS = BASE_VIOLATIONS + JOB_VIOLATIONS
 PAUSES = {"holder_pause", "leader_pause"}
 CRASHES = {"holder_kill", "leader_kill"}
 
@@ -93,6 +99,9 @@ class Report:
     canary_lost: int = 0
     refused_fenced: int = 0
     peak_holders: int = 0  # the most valid holders of one permits key at once
+    jobs_run: bool = False  # replace / max_hold events: tests/faults/job_checks.py's figures
+    jobs: Counter[str] = field(default_factory=Counter)
+    samples: defaultdict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
 
     @property
     def ok(self) -> bool:
@@ -110,7 +119,8 @@ class Report:
     def summary(self, label: str = "") -> str:
         f = self.figures()
         faults = ",".join(f"{k}:{v}" for k, v in sorted(self.faults.items())) or "none"
-        violations = " ".join(f"{name}={self.violations[name]}" for name in VIOLATIONS)
+        names = VIOLATIONS if self.jobs_run else BASE_VIOLATIONS
+        violations = " ".join(f"{name}={self.violations[name]}" for name in names)
         lost = ",".join(f"{k}:{v}" for k, v in sorted(self.lost_by.items())) or "none"
         return (
             f"{label}{'OK' if self.ok else 'VIOLATIONS'} ops={self.operations} "
@@ -121,6 +131,7 @@ class Report:
             f"p50={f['takeover_p50_s']} p99={f['takeover_p99_s']} (n={len(self.takeover)}) | "
             f"canary_lost_updates={self.canary_lost}"
             + (f" | peak_holders={self.peak_holders}" if self.peak_holders else "")
+            + (f" | {job_summary(self)}" if self.jobs_run else "")
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -136,6 +147,8 @@ class Report:
             "lost_by": dict(self.lost_by),
             "canary_lost": self.canary_lost,
             "peak_holders": self.peak_holders,
+            "jobs": dict(self.jobs),
+            **job_figures(self.samples),
             "lateness_n": len(self.lateness),
             "takeover_n": len(self.takeover),
             **self.figures(),
@@ -193,6 +206,7 @@ def check(events: list[dict[str, Any]]) -> Report:
     late = {(w.pid, w.key, w.token) for w in windows if w.empty}
     _lateness(by_kind["lost"], by_kind["fault"], late, report)
     _takeover(by_kind, report)
+    check_jobs(by_kind, report)
     return report
 
 
