@@ -1,6 +1,6 @@
 """The fault suite in CI: baseline, holder pause, hung connection and delayed write, 30 s each on
-PostgreSQL and on Redis, and the permits scenario for 15 s on each, failing on any violation the
-checker finds (tests/faults/).
+PostgreSQL and on Redis, and the permits, replace and max_hold scenarios for 15 s on each, failing
+on any violation the checker finds (tests/faults/).
 
 The full matrix is one command (docs/internals/faults.rst):
 ``python -m tests.faults --matrix --duration 120 --runs 5``.
@@ -21,6 +21,8 @@ from tests.faults.servers import Servers
 
 CI_DURATION = 30.0
 CI_PERMITS_DURATION = 15.0
+CI_JOBS_DURATION = 15.0
+"""The replace and max_hold scenarios' (the docs' table has the 60 s runs)."""
 LATENESS_P99_BOUND_MS = 500.0
 """A generous bound for noisy CI machines; the long run reports the real figure."""
 
@@ -95,6 +97,45 @@ def test_never_more_holders_than_permits_under_faults(
     assert sum(report.faults.values()) >= 1, summary
     # All three permits were held at once, else "never more than 3" proves nothing.
     assert report.peak_holders == 3, summary
+
+
+STORES = [
+    pytest.param("postgres", marks=pytest.mark.postgres),
+    pytest.param("redis", marks=[pytest.mark.postgres, pytest.mark.redis]),
+]
+
+
+@pytest.mark.faults
+@pytest.mark.slow
+@pytest.mark.parametrize("store", STORES)
+def test_preempted_holders_give_way_under_faults(
+    store: str, fault_servers: Servers, tmp_path: Any
+) -> None:
+    """Rounds finding their key taken preempt its holder and wait for it, as
+    on_conflict="replace" does; holders paused, killed, hung or given a stale request."""
+    config = RunConfig("replace", store, duration=CI_JOBS_DURATION, seed=1, out=tmp_path / "h")
+    report, summary = run(config, fault_servers)
+    print(summary)
+    assert report.ok, "\n".join([summary, *report.details[:20]])
+    assert report.acquisitions > 10, summary
+    assert sum(report.faults.values()) >= 1, summary
+    # Holders really were asked to go and went, else the checks prove nothing.
+    assert report.jobs["requests"] > 0 and report.jobs["preempted"] > 0, summary
+    assert report.samples["replaced_s"], summary
+
+
+@pytest.mark.faults
+@pytest.mark.slow
+@pytest.mark.parametrize("store", STORES)
+def test_capped_holders_give_way(store: str, fault_servers: Servers, tmp_path: Any) -> None:
+    """Jobs that hang or never return hold their key with max_hold=1.5s: the signal aborts at
+    max_hold, lock_lost says max_hold, and the key is taken again within max_hold + ttl."""
+    config = RunConfig("max_hold", store, duration=CI_JOBS_DURATION, seed=1, out=tmp_path / "h")
+    report, summary = run(config, fault_servers)
+    print(summary)
+    assert report.ok, "\n".join([summary, *report.details[:20]])
+    assert report.jobs["capped"] >= 2, summary
+    assert report.samples["taken_s"] and report.samples["announce_ms"], summary
 
 
 @pytest.mark.postgres

@@ -2,6 +2,7 @@
 
     python -m tests.faults --scenario holder_pause --store postgres --duration 30 --seed 1
     python -m tests.faults --scenario permits --store redis --duration 60 --seed 1
+    python -m tests.faults --scenario replace --store postgres --duration 60 --seed 1
     python -m tests.faults --matrix --duration 120 --runs 5 --out artifacts/faults
 
 Prints one summary line per run; exits 1 when any run found a violation (the Redis
@@ -34,7 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=30.0, help="seconds of faults per run")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
-        "--workers", type=int, default=0, help="worker processes (default: 6; 8 for permits)"
+        "--workers",
+        type=int,
+        default=0,
+        help="worker processes (default: 6; 8 for permits, 4 for max_hold)",
     )
     parser.add_argument(
         "--matrix",

@@ -47,10 +47,14 @@ SCENARIOS: dict[str, str] = {
     "leader": "run_leader processes: the leader SIGKILLed or SIGSTOPped, fenced leader writes",
     "permits": "8 workers on one key with permits=3: one to three holders paused, killed or "
     "their connections hung at once, in turn",
+    "replace": "rounds that find their key taken preempt its holder and wait for it (half of "
+    "them); holders paused, killed, their connections hung or a stale request written, in turn",
+    "max_hold": "4 workers on one key with max_hold=1.5s: jobs that hang past their lease or work "
+    "until the signal aborts",
 }
 ONLY = {"store_restart_everysec": "redis", "atomic_pgbouncer": "postgres"}
 CI_SCENARIOS = ("baseline", "holder_pause", "hung_connection", "delayed_write")
-LONG_SECTIONS = {"hung_connection": 3, "store_pause": 3, "permits": 2}
+LONG_SECTIONS = {"hung_connection": 3, "store_pause": 3, "permits": 2, "replace": 2}
 """A critical section of at most 2 s ends before the deadline of a 2 s lease (1.98 s after the
 last renewal sent), so a store that stops answering would never cost a lock: under these faults
 sections last up to this many ttl, so that the loss, and how late it is announced, is
@@ -60,6 +64,11 @@ OWN_DEFAULTS: dict[str, dict[str, Any]] = {
     # One key, so that all 8 workers contend for its 3 permits; a fault every ~7 s, so that each
     # of the three kinds strikes about three times in 60 s.
     "permits": {"workers": 8, "keys": 1, "permits": 3, "interval": 7.0},
+    # Two keys for six workers: most rounds find their key taken. A fault every ~5 s: each of
+    # the four kinds strikes about three times in 60 s.
+    "replace": {"keys": 2, "interval": 5.0},
+    # One key, so that a capped lease always has waiters (their waits outlast max_hold + ttl).
+    "max_hold": {"workers": 4, "keys": 1, "max_hold": 1.5},
 }
 """What a RunConfig field left at 0 means, by scenario."""
 
@@ -76,6 +85,7 @@ class RunConfig:
     ttl: float = 2.0
     cs_max: float | None = None  # seconds; 2, or LONG_SECTIONS' ttl multiple
     interval: float = 0.0
+    max_hold: float = 0.0  # seconds; 0: none (the max_hold scenario's own)
     out: Path | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -156,6 +166,8 @@ class Run(Nemesis):
             "stop_at": self.stop_at,
             "store": spec,
             "atomic": self.config.scenario == "atomic_pgbouncer",
+            "scenario": self.config.scenario,
+            "max_hold": self.config.max_hold or None,
         }
         env = self.servers.env(port, worker=worker)
         if self.config.scenario == "wallclock":
@@ -230,7 +242,7 @@ class Run(Nemesis):
         if config.store == "redis":
             fsync = "everysec" if config.scenario == "store_restart_everysec" else "always"
             self.redis = start_redis(fsync)
-        if config.scenario in ("hung_connection", "permits"):
+        if config.scenario in ("hung_connection", "permits", "replace"):
             self.proxy = Proxy().start()
         warmup = 3.0
         self.stop_at = time.monotonic() + warmup + config.duration

@@ -70,6 +70,26 @@ class Tracker:
 
 PERMITS_FAULTS = ("holder_pause", "holder_kill", "hung_connection")
 """The permits scenario's faults, in turn."""
+REPLACE_FAULTS = (*PERMITS_FAULTS, "stale_request")
+"""The replace scenario's: the permits scenario's on one holder at a time, and a stale request."""
+
+# A request naming another token than the live lease's (one left by an ended lease), written on
+# the live lease of KEYS[1] if its token is ARGV[1] and it carries no request for that token: a
+# genuine request is never overwritten (the run waiting on it would then wait in vain).
+STALE_REQUEST_SCRIPT = """
+if redis.call('HGET', KEYS[1], 'token') == ARGV[1]
+    and redis.call('HGET', KEYS[1], 'preempt') ~= ARGV[1] then
+  redis.call('HSET', KEYS[1], 'preempt', ARGV[2])
+  return 1
+end
+return 0
+"""
+STALE_REQUEST_SQL = """
+UPDATE django_locks_lease SET preempt_token = %s
+WHERE key = %s AND fencing_token = %s AND released_at IS NULL AND expires_at > now()
+    AND preempt_token IS DISTINCT FROM fencing_token
+RETURNING key
+"""
 
 
 class Nemesis:
@@ -322,3 +342,43 @@ class Nemesis:
         end = time.monotonic()
         for pid, key, token in holders:
             self.record("fault", kind=kind, pid=pid, key=key, token=token, start=start, end=end)
+
+    def fault_replace(self) -> None:
+        """The permits scenario's faults, one holder at a time (permits=1), and in the same
+        rotation a stale request written on a holder's live lease, which its renewals must
+        ignore (SPEC section 12: renewals of other tokens ignore a request)."""
+        if not self.rotation:
+            self.rotation = self.rng.sample(REPLACE_FAULTS, len(REPLACE_FAULTS))
+        if self.rotation[-1] != "stale_request":
+            self.fault_permits()  # takes the next kind of the rotation
+            return
+        self.rotation.pop()
+        holder = self.pick_holder()
+        if holder is None:
+            return
+        pid, key, token = holder
+        stale = token - 1  # an older token: whatever held the key before, or nothing did
+        start = time.monotonic()
+        if self.config.store == "redis":
+            from django_locks.stores.redis.scripts import names
+
+            client = self.redis.client()
+            try:
+                written = client.eval(
+                    STALE_REQUEST_SCRIPT, 1, names("django_locks", key).lease, token, stale
+                )
+            finally:
+                client.close()
+        else:
+            written = len(self.servers.sql(STALE_REQUEST_SQL, stale, key, token))
+        self.record(
+            "fault",
+            kind="stale_request",
+            pid=pid,
+            key=key,
+            token=token,
+            stale=stale,
+            written=bool(written),
+            start=start,
+            end=time.monotonic(),
+        )

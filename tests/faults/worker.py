@@ -5,7 +5,8 @@ does a fenced read-modify-write of the key's counter row (a fenced *claim* that 
 on the row, a read, the critical section, a fenced write of read + 1) and the same read-modify-
 write unfenced on a second row (the canary). The writes are made whether or not the lock is still
 held at the end: they stand for writes already in flight when a fault struck, which fencing must
-refuse and the canary accepts. With ``permits`` above 1 (the permits scenario) each lock is one
+refuse and the canary accepts (the ``replace`` and ``max_hold`` scenarios run the rounds of
+tests/faults/jobs.py instead). With ``permits`` above 1 (the permits scenario) each lock is one
 of the key's permits and the rows are the permit's own (``f:<key>#<permit>``): a permit's token
 fences the resource of that permit only (SPEC section 6). Every step goes to a JSON-lines history
 stamped with ``time.monotonic()``, one clock for every process of this machine.
@@ -212,11 +213,19 @@ def main() -> None:
 
     keys = config["keys"]
     permits = int(config.get("permits") or 1)
+    jobs = None
+    if config.get("scenario") in ("replace", "max_hold"):
+        from tests.faults.jobs import Jobs
+
+        jobs = Jobs(locks, record, write, rows, rng, config, keepers)
     while not stopping.is_set() and time.monotonic() < stop_at:
         key = rng.choice(keys)
         wait = rng.uniform(0, 2 * ttl)
-        record("invoke", key=key, wait=wait)
         try:
+            if jobs is not None:
+                jobs.round(key)
+                continue
+            record("invoke", key=key, wait=wait)
             if config.get("atomic") and rng.random() < 0.5:
                 # Taken inside a transaction that is rolled back: the lease must survive it.
                 lock = None
