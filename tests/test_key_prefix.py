@@ -224,14 +224,35 @@ def test_a_key_too_long_with_the_prefix_is_refused_before_any_store_call():
 
 
 def test_a_store_that_cannot_prune_one_prefix_says_so():
-    """The in-memory store keeps ended leases but its prune() takes no prefix: pruning one
+    """A store that keeps ended leases but whose prune() takes no prefix: pruning one
     project's records alone is refused rather than deleting another project's."""
-    ours = Locks(InMemoryStore(), key_prefix="a:")
+
+    class NoPrefix(InMemoryStore):
+        def prune(self, older_than_ms: int, *, dry_run: bool = False) -> int:  # type: ignore[override]
+            return super().prune(older_than_ms, dry_run=dry_run)
+
+    ours = Locks(NoPrefix(), key_prefix="a:")
     with pytest.raises(NotImplementedError, match="key prefix"):
         ours.prune(0)
     with pytest.raises(TypeError, match="older_than_ms"):
         ours.prune("30d")  # type: ignore[arg-type]
-    assert Locks(InMemoryStore()).prune(0) == 0  # no prefix: the store's own prune
+    assert Locks(NoPrefix()).prune(0) == 0  # no prefix: the store's own prune
+
+
+def test_the_in_memory_store_prunes_one_prefix():
+    store = InMemoryStore()
+    ours, theirs = Locks(store, key_prefix="a:"), Locks(store, key_prefix="b:")
+    for service in (ours, theirs):
+        lock = service.acquire("k")
+        assert lock is not None
+        lock.release()
+    assert ours.prune(0, dry_run=True) == 1
+    assert ours.prune(0) == 1
+    assert [info.key for info in theirs.leases(include_inactive=True)] == ["k"]
+    assert ours.leases(include_inactive=True) == []
+    again = ours.acquire("k")
+    assert again is not None and again.fencing_token > 1, "its token does not go back"
+    again.release()
 
 
 # The database store prunes one prefix's rows in SQL.

@@ -367,12 +367,18 @@ class InMemoryStore(LockStore):
             info = None if lease is None else self._info(key, lease, self._now())
         return info if info is not None and (include_inactive or info.state == "held") else None
 
-    def prune(self, older_than_ms: int, *, dry_run: bool = False) -> int:
+    def prune(self, older_than_ms: int, *, dry_run: bool = False, prefix: str = "") -> int:
+        """:meth:`LockStore.prune`; ``prefix``: only the records of keys starting with it
+        (compared exactly: what ``Locks.prune()`` of a key prefix calls)."""
         check_older_than(older_than_ms)
         with self._mutex:
             # A lease ended at its expires_at (a release moves it there): a live one's is ahead.
             before = self._now() - older_than_ms / 1000
-            ended = [key for key, lease in self._leases.items() if lease.expires_at < before]
+            ended = [
+                key
+                for key, lease in self._leases.items()
+                if lease.expires_at < before and key.startswith(prefix)
+            ]
             if not dry_run:
                 for key in ended:
                     # The floor first: the pruned key starts over above every token it had.
