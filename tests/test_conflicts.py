@@ -761,3 +761,25 @@ def test_the_errors_pickle_with_their_facts() -> None:
         assert type(again) is type(error)
         assert str(again) == str(error) and again.__dict__ == error.__dict__
     assert pickle.loads(pickle.dumps(refused)).holder == refused.holder
+
+
+def test_retry_of_a_task_called_directly_raises_lock_not_acquired() -> None:
+    """Outside a worker, Celery's retry() raises the error it was given: so does the task."""
+    celery = pytest.importorskip("celery")
+    app = celery.Celery("conflicts", set_as_current=False)
+    n = name()
+
+    @app.task(name="conflicts.direct")  # type: ignore[untyped-decorator]
+    @without_overlapping("conflicts:direct:{n}", on_conflict="retry")
+    def direct(n: str) -> int:
+        return 1
+
+    try:
+        assert direct(n) == 1
+        held = locks.acquire(f"conflicts:direct:{n}")
+        assert held is not None
+        with pytest.raises(LockNotAcquiredError, match=f"'conflicts:direct:{n}' is held by"):
+            direct(n)
+        held.release()
+    finally:
+        unclaim(direct.run)
