@@ -165,6 +165,19 @@ def check_metrics_page(ns: dict[str, Any]) -> None:
             assert not dead.exists()
 
 
+def check_conflicts_page(ns: dict[str, Any]) -> None:
+    from django_locks import LockNotAcquiredError, locks
+
+    assert ns["export_invoices"]() == 42
+    assert ns["rebuild_search_index"](["a", "b"]) == 2
+    with locks.lock("invoices:export"), pytest.raises(LockNotAcquiredError):
+        ns["export_invoices"]()
+    with locks.lock("crm"):  # the run lock the two CRM jobs share
+        assert ns["crm_import"]() is None
+        with pytest.raises(LockNotAcquiredError):
+            ns["crm_export"]()
+
+
 def check_operations_page(ns: dict[str, Any]) -> None:
     from django.contrib.auth.models import Group
 
@@ -193,6 +206,7 @@ CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "topics/leader-election.rst": check_leader_page,
     "howto/operations.rst": check_operations_page,
     "topics/metrics.rst": check_metrics_page,
+    "topics/conflicts.rst": check_conflicts_page,
 }
 NAMESPACES: dict[str, Callable[[], dict[str, Any]]] = {
     "topics/leader-election.rst": leader_namespace,
