@@ -3,6 +3,7 @@ and each violation planted once is found once (tests/faults/job_checks.py)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -218,3 +219,29 @@ def test_the_key_not_taken_although_a_worker_waited() -> None:
         if event["e"] == "invoke" and event["pid"] == 2:
             event["wait"] = 2.0
     assert check(late).ok
+
+
+def test_the_docs_jobs_table_sums_the_counts_and_keeps_the_worst_figures() -> None:
+    from tests.faults.table import table
+
+    def result(scenario: str, jobs: dict[str, int], **figures: float) -> dict[str, Any]:
+        base = {"scenario": scenario, "store": "redis", "operations": 10, "faults": {},
+                "violations": {"overlap": 0}, "lost_by": {}, "refused_fenced": 0,
+                "canary_lost": 0, "jobs": jobs}  # fmt: skip
+        lateness = {f"lateness_{q}_ms": math.nan for q in ("p50", "p99", "max")}
+        takeover = {f"takeover_{q}_s": math.nan for q in ("p50", "p99")}
+        return base | lateness | takeover | figures
+
+    results = [
+        result("replace", {"preempted": 2}, notice_s_p50=0.4, notice_s_p99=0.6, notice_s_max=0.6),
+        result("replace", {"preempted": 3}, notice_s_p50=0.3, notice_s_p99=0.7, notice_s_max=0.7),
+        result("max_hold", {"capped": 4}, taken_s_p50=3.6, taken_s_p99=3.9, taken_s_max=3.9),
+    ]
+    replace, max_hold = table(results, jobs=True).split("\n\n.. list-table::")
+    cells = [c.strip().removeprefix("- ") for c in replace.split("\n   * - ")[2].split("\n")]
+    # Runs, operations, faults, violations, the counts summed; a figure no run had: "--".
+    assert cells == [
+        *("``replace``", "redis", "2", "20", "none", "0", "preempted 5"),
+        *("0.4 / 0.7 / 0.7", "--"),
+    ]
+    assert "taken_s: worst p50 / p99 / max" in max_hold and "capped 4" in max_hold

@@ -1,8 +1,10 @@
-"""``python -m tests.faults.table [--recheck] MATRIX.json...``: the matrix results as the docs'
-RST table (``--recheck``: each run's saved histories checked again by the current checker).
+"""``python -m tests.faults.table [--recheck] [--jobs] MATRIX.json|report.json...``: the matrix
+results as the docs' RST table (``--recheck``: each run's saved histories checked again by the
+current checker; ``--jobs``: the replace and max_hold scenarios' own counts and figures).
 
 One row per scenario and store: the runs' operations, faults and counts summed; the lateness and
-takeover figures as the worst run's (each run's percentiles are over its own history).
+takeover figures (and the jobs' figures) as the worst run's (each run's percentiles are over its
+own history). A single run's ``report.json`` counts as a matrix of that one run.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ COLUMNS = [
 
 
 def worst(runs: list[dict[str, Any]], name: str) -> float:
-    values = [run[name] for run in runs if not math.isnan(run[name])]
+    values = [run[name] for run in runs if not math.isnan(run.get(name, math.nan))]
     return max(values) if values else math.nan
 
 
@@ -68,37 +70,81 @@ def row(scenario: str, store: str, runs: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def table(results: list[dict[str, Any]]) -> str:
-    grouped: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for result in results:
-        grouped[result["scenario"], result["store"]].append(result)
-    order = list(SCENARIOS)
-    keys = sorted(grouped, key=lambda k: (order.index(k[0]), k[1]))
+JOBS_COLUMNS = ["scenario", "store", "runs", "ops", "faults", "violations", "counts"]
+SAMPLES = {
+    "replace": ["notice_s", "replaced_s"],
+    "max_hold": ["cap_late_ms", "announce_ms", "taken_s"],
+}
+"""The jobs tables' figures (tests/faults/job_checks.py), each a column of worst p50 / p99 /
+max."""
+
+
+def jobs_row(scenario: str, store: str, runs: list[dict[str, Any]]) -> list[str]:
+    counts: Counter[str] = Counter()
+    for run in runs:
+        counts.update(run.get("jobs", {}))
+    return [
+        *row(scenario, store, runs)[:6],
+        ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none",
+        *(
+            figures([worst(runs, f"{name}_{q}") for q in ("p50", "p99", "max")])
+            for name in SAMPLES[scenario]
+        ),
+    ]
+
+
+def rst(rows: list[list[str]]) -> str:
     lines = [".. list-table::", "   :header-rows: 1", ""]
-    for cells in [COLUMNS, *(row(s, store, grouped[s, store]) for s, store in keys)]:
+    for cells in rows:
         lines.append(f"   * - {cells[0]}")
         lines.extend(f"     - {cell}" for cell in cells[1:])
     return "\n".join(lines)
 
 
+def table(results: list[dict[str, Any]], jobs: bool = False) -> str:
+    """The RST table of ``results``; with ``jobs``, one table per jobs scenario found."""
+    grouped: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for result in results:
+        grouped[result["scenario"], result["store"]].append(result)
+    order = list(SCENARIOS)
+    keys = sorted(grouped, key=lambda k: (order.index(k[0]), k[1]))
+    if not jobs:
+        return rst([COLUMNS, *(row(s, store, grouped[s, store]) for s, store in keys)])
+    tables = []
+    for scenario, names in SAMPLES.items():
+        header = JOBS_COLUMNS + [f"{name}: worst p50 / p99 / max" for name in names]
+        rows = [jobs_row(s, store, grouped[s, store]) for s, store in keys if s == scenario]
+        if rows:
+            tables.append(rst([header, *rows]))
+    return "\n\n".join(tables)
+
+
+def loaded(path: Path) -> list[dict[str, Any]]:
+    """A matrix.json's results, or a run's report.json as a matrix of that one run."""
+    data = json.loads(path.read_text())
+    if isinstance(data, list):
+        return data
+    config = data["config"]
+    return [{"scenario": config["scenario"], "store": config["store"], **data}]
+
+
 def rechecked(path: Path) -> list[dict[str, Any]]:
-    """The results of ``path`` (a matrix.json) from its runs' saved histories, checked again by
-    the current checker (after a fix to the checker, say)."""
-    results: list[dict[str, Any]] = json.loads(path.read_text())
+    """The results of ``path`` (a matrix.json or a report.json) from its runs' saved histories,
+    checked again by the current checker (after a fix to the checker, say)."""
+    results = loaded(path)
     for index, result in enumerate(results):
         # Results written before "run" was recorded: the default first seed, 1.
         name = result.get("run") or f"{result['store']}-{result['scenario']}-{result['seed'] - 1}"
-        run = path.parent / name
+        run = path.parent if path.name == "report.json" else path.parent / name
         report = check(read_history(sorted(run.glob("*.jsonl"))))
         results[index] = {**result, **report.as_dict()}
     return results
 
 
 def main(args: list[str]) -> int:
-    recheck = "--recheck" in args
-    paths = [Path(arg) for arg in args if arg != "--recheck"]
-    load = rechecked if recheck else lambda path: json.loads(path.read_text())
-    print(table([result for path in paths for result in load(path)]))
+    paths = [Path(arg) for arg in args if arg not in ("--recheck", "--jobs")]
+    load = rechecked if "--recheck" in args else loaded
+    print(table([result for path in paths for result in load(path)], jobs="--jobs" in args))
     return 0
 
 
