@@ -44,6 +44,12 @@ class Lease(models.Model):
     # row `<key>#<n>` records its `base_key` and `permits` too.
     permits = models.PositiveIntegerField(null=True, blank=True)
     base_key = models.CharField(max_length=500, null=True, blank=True)
+    # New in 0.2.0 as well, nullable (migration 0006): a preempt request (SPEC section 12,
+    # on_conflict="replace") names the fencing token of the lease it asks to give the key up;
+    # only that lease's renewals answer it, so a request left behind by a lease that ended is
+    # stale and ignored (an acquire making a new lease clears it). A previous release's process
+    # never reads it.
+    preempt_token = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         db_table = "django_locks_lease"

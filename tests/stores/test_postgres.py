@@ -373,9 +373,10 @@ def test_acquire_and_release_call_the_stores_sql_functions(sql):
             return dict(cursor.fetchall())
 
         # Each session reports its statistics now and then, and at its end: wait for them all.
-        # This release acquires with 0005's function (which refuses keys held by permits) and
-        # releases with 0003's (0002's are kept for 0.1.0 processes, 0003's acquire for 0.2.0).
-        expected = {"django_locks_acquire_plain": 3, "django_locks_end": 3}
+        # This release acquires with 0006's function (0005's, which refuses keys held by
+        # permits, clearing a new lease's preempt request) and releases with 0003's (0002's are
+        # kept for 0.1.0 processes).
+        expected = {"django_locks_acquire_lease": 3, "django_locks_end": 3}
         try:
             eventually(
                 lambda: calls() == expected, timeout=10, every=0.05, what="function statistics"
@@ -417,6 +418,11 @@ FUNCTIONS = {
     "django_locks_renew_slots(text[], text[], bigint[], text[], text)": "away_rs",
     "django_locks_end_slot(text, text, text, text, text)": "away_es",
     "django_locks_force_end(text, text)": "away_fe",
+    "django_locks_acquire_lease(text, text, text, text, text, bigint)": "away_al",
+    "django_locks_acquire_slot(text, text, text, text, text, bigint, integer)": "away_sl",
+    "django_locks_renew(text, text, bigint)": "away_rn",
+    "django_locks_renew_permits(text[], text[], bigint[], text[])": "away_rp",
+    "django_locks_preempt(text)": "away_pr",
 }
 
 

@@ -15,6 +15,8 @@ from django_locks.stores.database.operations import (
     FUNCTIONS_MIGRATION,
     HOLDER_COLUMNS,
     PERMITS_MIGRATION,
+    PREEMPT_COLUMNS,
+    PREEMPT_MIGRATION,
     SEQUENCE,
     TABLE,
 )
@@ -115,7 +117,7 @@ def _functions(missing: list[str], migration: str) -> list[str]:
 def missing_text(missing: list[str]) -> tuple[str, bool]:
     """What ``missing_schema()`` found missing, in words, and whether that is plural."""
     parts = [name for name in (TABLE, SEQUENCE) if name in missing]
-    columns = [name for name in missing if name in HOLDER_COLUMNS]
+    columns = [name for name in missing if name in (*HOLDER_COLUMNS, *PREEMPT_COLUMNS)]
     if columns:
         parts.append(f"column{'s' * (len(columns) > 1)} {', '.join(columns)} of {TABLE}")
     functions = [name for migration in FUNCTIONS for name in _functions(missing, migration)]
@@ -149,8 +151,27 @@ def repair_hint(missing: list[str], using: str, recreate_sequence: str) -> str:
             f"`manage.py migrate django_locks{database}`: this adds the columns and creates the "
             "SQL functions again."
         )
-    if all(name in _functions(missing, PERMITS_MIGRATION) for name in missing):
-        # Only 0005's: unapplied for real (it drops only its own functions) and applied again.
+    if any(name in PREEMPT_COLUMNS for name in missing):
+        # The table of a dump from before 0006: 0006 again adds its column and functions (0005
+        # again replaces its own, when they are gone too).
+        back = "0004" if _functions(missing, PERMITS_MIGRATION) else "0005"
+        return (
+            f"Run `manage.py migrate django_locks {back} --fake{database}`, then "
+            f"`manage.py migrate django_locks{database}`: this adds the column and creates the "
+            "SQL functions again."
+        )
+    preempt = _functions(missing, PREEMPT_MIGRATION)
+    if len(preempt) == len(missing):
+        # Only 0006's: unapplied for real (it drops its functions and its column, which holds
+        # only the current preempt requests) and applied again.
+        return (
+            f"Run `manage.py migrate django_locks 0005{database}`, then `manage.py migrate "
+            f"django_locks{database}`: this creates the SQL functions again (current preempt "
+            "requests are dropped, never a fencing token)."
+        )
+    if len(preempt) + len(_functions(missing, PERMITS_MIGRATION)) == len(missing):
+        # Only 0005's (and 0006's): unapplied for real (they drop only their own functions, and
+        # 0006 its column) and applied again.
         return (
             f"Run `manage.py migrate django_locks 0004{database}`, then `manage.py migrate "
             f"django_locks{database}`: this creates the SQL functions again."

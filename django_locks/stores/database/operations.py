@@ -23,6 +23,7 @@ from django_locks.stores.base import (
     LeaveReason,
     PermitGrant,
     ReleaseReason,
+    Renewed,
 )
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ RECORDER = "django_migrations"
 FUNCTIONS_MIGRATION = "0002_sql_functions"
 HOLDERS_MIGRATION = "0003_holders_and_ends"
 PERMITS_MIGRATION = "0005_permit_functions"
+PREEMPT_MIGRATION = "0006_preempt"
 MIGRATED = f"SELECT name FROM {RECORDER} WHERE app = 'django_locks'"
 
 HOLDER_COLUMNS = (
@@ -47,6 +49,8 @@ HOLDER_COLUMNS = (
     "ended_by",
 )
 """The columns migration 0003 adds (all nullable: a 0.1.0 process writes none of them)."""
+PREEMPT_COLUMNS = ("preempt_token",)
+"""The column migration 0006 adds (nullable too)."""
 
 FUNCTIONS = {
     FUNCTIONS_MIGRATION: (
@@ -64,9 +68,17 @@ FUNCTIONS = {
         "django_locks_end_slot(text, text, text, text, text)",
         "django_locks_force_end(text, text)",
     ),
+    PREEMPT_MIGRATION: (
+        "django_locks_acquire_lease(text, text, text, text, text, bigint)",
+        "django_locks_acquire_slot(text, text, text, text, text, bigint, integer)",
+        "django_locks_renew(text, text, bigint)",
+        "django_locks_renew_permits(text[], text[], bigint[], text[])",
+        "django_locks_preempt(text)",
+    ),
 }
 """The store's SQL functions on PostgreSQL (their signatures), by the migration creating them:
-0.1.0 processes call 0002's, 0.2.0 processes 0003's, this release 0003's and 0005's."""
+0.1.0 processes call 0002's; this release 0006's, and 0003's and 0005's for what 0006 left
+as it was (its releases, a leave) or where 0006's are missing."""
 
 LeaseRow = tuple[Any, ...]
 """A row of a dialect's lease listing: key, owner, holder, token, acquired_at, state, ms left,
@@ -139,13 +151,17 @@ class Operations:
         """The token when taken, else what is known of the holder (None: nothing)."""
         raise NotImplementedError
 
-    def renew(self, cursor: Any, key: str, owner: str, ttl_ms: int) -> bool:
+    def renew(self, cursor: Any, key: str, owner: str, ttl_ms: int) -> Renewed:
         raise NotImplementedError
 
     def renew_many(
         self, cursor: Any, leases: Sequence[tuple[str, str, int]]
-    ) -> set[tuple[str, str]]:
-        """The ``(key, owner)`` of the leases renewed."""
+    ) -> dict[tuple[str, str], Renewed]:
+        """The answer of each ``(key, owner)`` renewed or preempted (one missing: refused)."""
+        raise NotImplementedError
+
+    def preempt(self, cursor: Any, key: str) -> int | None:
+        """The token of the live lease now asked to give ``key`` up, None (nothing written)."""
         raise NotImplementedError
 
     def leave(self, cursor: Any, key: str, owner: str, ttl_ms: int, how: LeaveReason) -> bool:
@@ -222,6 +238,8 @@ def schema_missing(
     missing = [name for name, gone in ((TABLE, table), (SEQUENCE, sequence)) if gone]
     if columns is not None and HOLDERS_MIGRATION in applied:
         missing += [column for column in HOLDER_COLUMNS if column not in columns]
+    if columns is not None and PREEMPT_MIGRATION in applied:
+        missing += [column for column in PREEMPT_COLUMNS if column not in columns]
     for migration, signatures in FUNCTIONS.items():
         if migration in applied:
             missing += [sig.partition("(")[0] for sig in signatures if sig in functions]
@@ -282,9 +300,10 @@ def ended(state: LeaseState, described: bool, end_reason: str | None) -> EndReas
         return None
     reason = _ENDS.get(end_reason) if end_reason is not None else None
     if state == "expired":
-        return reason if reason in ("lapsed", "handed back") else "expired"
-    # Released with no reason, or with a leave's "lapsed": a 0.1.0 process ended it.
-    return None if reason == "lapsed" else reason
+        return reason if reason in ("lapsed", "handed back", "max hold") else "expired"
+    # Released with no reason, or with only a leave's "lapsed" or "max hold" (how it would have
+    # ended, had it run out): a 0.1.0 process ended it.
+    return None if reason in ("lapsed", "max hold") else reason
 
 
 def _state(value: str) -> LeaseState:

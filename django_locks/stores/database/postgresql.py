@@ -9,11 +9,20 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django_locks.exceptions import PermitsMismatchError, StoreError
-from django_locks.stores.base import LeaveReason, PermitGrant, ReleaseReason, Slot
+from django_locks.stores.base import (
+    PREEMPTED,
+    LeaveReason,
+    PermitGrant,
+    ReleaseReason,
+    Renewed,
+    Slot,
+)
 from django_locks.stores.database.operations import (
     HOLDER_COLUMNS,
     MIGRATED,
     PERMITS_MIGRATION,
+    PREEMPT_COLUMNS,
+    PREEMPT_MIGRATION,
     SEQUENCE,
     HolderRow,
     LeaseRow,
@@ -26,6 +35,14 @@ from django_locks.stores.database.postgresql_permits_sql import (
     PG_END_SLOT_CALL,
     PG_FORCE_END_CALL,
     PG_RENEW_SLOTS_CALL,
+)
+from django_locks.stores.database.postgresql_preempt_sql import (
+    PG_ACQUIRE_LEASE_CALL,
+    PG_ACQUIRE_SLOT_CALL,
+    PG_PREEMPT_CALL,
+    PG_RENEW_BATCH,
+    PG_RENEW_CALL,
+    PG_RENEW_PERMITS_CALL,
 )
 from django_locks.stores.database.postgresql_sql import (
     PG_ACQUIRE_AS,
@@ -86,6 +103,9 @@ class PostgreSQLOperations(Operations):
         # Migration 0005's, until the database says it has none (found again by the next
         # acquire_permit, which always calls its function: then migrated meanwhile).
         self.permit_functions = True
+        # Migration 0006's, likewise (found again by the next preempt, which always calls its
+        # function); without them the calls above, which know no preempt requests.
+        self.preempt_functions = True
 
     def run(
         self,
@@ -117,7 +137,9 @@ class PostgreSQLOperations(Operations):
         ttl_ms: int,
     ) -> int | HolderRow | None:
         params = (key, owner, holder, kind, detail, ttl_ms)
-        if self.permit_functions and self._call_plain(cursor, params):
+        if self._call_preempt(cursor, PG_ACQUIRE_LEASE_CALL, params) or (
+            self.permit_functions and self._call_plain(cursor, params)
+        ):
             taken, *held, live = cursor.fetchone()
             if taken is not None:
                 return int(taken)
@@ -145,9 +167,9 @@ class PostgreSQLOperations(Operations):
         ttl_ms: int,
         permits: int,
     ) -> PermitGrant | HolderRow | None:
-        self._call_permits(
-            cursor, PG_ACQUIRE_PERMIT_CALL, (key, owner, holder, kind, detail, ttl_ms, permits)
-        )
+        params = (key, owner, holder, kind, detail, ttl_ms, permits)
+        if not self._call_preempt(cursor, PG_ACQUIRE_SLOT_CALL, params):
+            self._call_permits(cursor, PG_ACQUIRE_PERMIT_CALL, params)
         self.permit_functions = True
         taken, permit, live, *held = cursor.fetchone()
         if taken is not None:
@@ -156,9 +178,12 @@ class PostgreSQLOperations(Operations):
             raise PermitsMismatchError(key, permits, int(live))
         return None if held[0] is None else tuple(held)
 
-    def renew(self, cursor: Any, key: str, owner: str, ttl_ms: int) -> bool:
+    def renew(self, cursor: Any, key: str, owner: str, ttl_ms: int) -> Renewed:
         if isinstance(key, Slot):
-            return bool(self._renew_slots(cursor, [(key, owner, ttl_ms)], None))
+            return self._renew_slots(cursor, [(key, owner, ttl_ms)], None).get((key, owner), False)
+        if self._call_preempt(cursor, PG_RENEW_CALL, (key, owner, ttl_ms)):
+            preempted = cursor.fetchone()[0]
+            return False if preempted is None else PREEMPTED if preempted else True
         cursor.execute(PG_RENEW, (ttl_ms, key, owner))
         return bool(cursor.rowcount == 1)
 
@@ -170,24 +195,47 @@ class PostgreSQLOperations(Operations):
 
     def renew_many(
         self, cursor: Any, leases: Sequence[tuple[str, str, int]]
-    ) -> set[tuple[str, str]]:
+    ) -> dict[tuple[str, str], Renewed]:
         if any(isinstance(key, Slot) for key, _, _ in leases):
             return self._renew_slots(cursor, leases, None)
         keys, owners, ttls = (list(column) for column in zip(*leases, strict=True))
+        if self._call_preempt(cursor, PG_RENEW_BATCH, (keys, owners, ttls)):
+            return _answers(cursor.fetchall())
         cursor.execute(PG_RENEW_MANY, (keys, owners, ttls))
-        return {(key, owner) for key, owner in cursor.fetchall()}
+        return {(key, owner): True for key, owner in cursor.fetchall()}
 
     def _renew_slots(
         self, cursor: Any, leases: Sequence[tuple[str, str, int]], how: LeaveReason | None
-    ) -> set[tuple[str, str]]:
-        """Renew (or with ``how``, leave) ``leases``, some of them slots, in one call: their
-        bases locked first, in key order, and moved with them."""
+    ) -> dict[tuple[str, str], Renewed]:
+        """Renew (or with ``how``, leave: 0005's function, which knows no requests)
+        ``leases``, some of them slots, in one call: their bases locked first, in key order,
+        and moved with them."""
         keys = [str(key) for key, _, _ in leases]
         bases = [key.base if isinstance(key, Slot) else None for key, _, _ in leases]
         owners = [owner for _, owner, _ in leases]
         ttls = [ttl for _, _, ttl in leases]
+        if how is None and self._call_preempt(
+            cursor, PG_RENEW_PERMITS_CALL, (keys, owners, ttls, bases)
+        ):
+            return _answers(cursor.fetchall())
         self._call_permits(cursor, PG_RENEW_SLOTS_CALL, (keys, owners, ttls, bases, how))
-        return {(key, owner) for key, owner in cursor.fetchall()}
+        return {(key, owner): True for key, owner in cursor.fetchall()}
+
+    def preempt(self, cursor: Any, key: str) -> int | None:
+        try:
+            cursor.execute(PG_PREEMPT_CALL, (key,))
+        except Exception as exc:
+            if _sqlstate(exc) != UNDEFINED_FUNCTION:
+                raise
+            self.preempt_functions = False
+            raise StoreError(
+                f"The database {self.using!r} lacks the django_locks SQL functions of "
+                f"migration {PREEMPT_MIGRATION}, which preempt requests need: run `manage.py "
+                f"migrate django_locks --database {self.using}`."
+            ) from exc
+        self.preempt_functions = True
+        token = cursor.fetchone()[0]
+        return None if token is None else int(token)
 
     def end(self, cursor: Any, key: str, owner: str, how: ReleaseReason) -> bool:
         if isinstance(key, Slot):
@@ -234,6 +282,31 @@ class PostgreSQLOperations(Operations):
                 "--database %s`.",
                 self.using,
                 PERMITS_MIGRATION,
+                self.using,
+            )
+            return False
+        return True
+
+    def _call_preempt(self, cursor: Any, sql: str, params: tuple[Any, ...]) -> bool:
+        """Call one of migration 0006's functions (or send its batch renewal, which reads its
+        column); ``False`` (and the earlier migrations' calls and statements from now on) when
+        the database lacks them: renewals then ignore preempt requests, and acquires leave a
+        stale request on the row (which no renewal answers: it names another token)."""
+        if not self.preempt_functions:
+            return False
+        try:
+            cursor.execute(sql, params)
+        except Exception as exc:
+            if _sqlstate(exc) not in (UNDEFINED_FUNCTION, UNDEFINED_COLUMN):
+                raise
+            self.preempt_functions = False
+            logger.warning(
+                "The database %r lacks the django_locks column or SQL functions of migration "
+                "%s: preempt requests (on_conflict='replace') are refused there, and this "
+                "process's renewals ignore them. Run `manage.py migrate django_locks "
+                "--database %s`.",
+                self.using,
+                PREEMPT_MIGRATION,
                 self.using,
             )
             return False
@@ -323,7 +396,7 @@ class PostgreSQLOperations(Operations):
         cursor.execute(PG_MISSING)
         table_missing, sequence_missing, recorder, columns, *functions = cursor.fetchone()
         gone = dict(zip(SIGNATURES, functions, strict=True))
-        lacking = not table_missing and not set(HOLDER_COLUMNS) <= set(columns)
+        lacking = not table_missing and not {*HOLDER_COLUMNS, *PREEMPT_COLUMNS} <= set(columns)
         if recorder is None or not (
             table_missing or sequence_missing or lacking or any(gone.values())
         ):
@@ -337,3 +410,8 @@ class PostgreSQLOperations(Operations):
             columns=None if table_missing else set(columns),
             functions={signature for signature, is_gone in gone.items() if is_gone},
         )
+
+
+def _answers(rows: Sequence[tuple[str, str, bool]]) -> dict[tuple[str, str], Renewed]:
+    """The answers of 0006's renewal functions: each lease found, whether it is preempted."""
+    return {(key, owner): PREEMPTED if preempted else True for key, owner, preempted in rows}

@@ -51,8 +51,10 @@ _GENERIC = "SET plan_cache_mode = force_generic_plan"
 # row names its base) and a key held by permits, answering then with the permits value in use.
 # A plain lease taken on an ended slot's row, or on a free base, no longer records either. Same
 # statement otherwise: the plain path costs what it did.
-_ACQUIRE_PLAIN = f"""
-CREATE OR REPLACE FUNCTION django_locks_acquire_plain(p_key text, p_owner text, p_holder text,
+def _acquire_plain(name: str, request: str = "") -> str:
+    """The plain acquire function ``name``; ``request``: what its upsert's SET also writes."""
+    return f"""
+CREATE OR REPLACE FUNCTION {name}(p_key text, p_owner text, p_holder text,
     p_kind text, p_detail text, p_ttl_ms bigint, OUT taken bigint, OUT held_by text,
     OUT held_kind text, OUT held_detail text, OUT held_since timestamp,
     OUT held_until timestamp, OUT live_permits integer) LANGUAGE plpgsql AS $body$
@@ -79,7 +81,7 @@ BEGIN
         end_reason = NULL,
         ended_by = NULL,
         permits = NULL,
-        base_key = NULL
+        base_key = NULL{request}
     WHERE NOT ({_LIVE}) OR (lease.owner = excluded.owner AND lease.base_key IS NULL)
     RETURNING lease.fencing_token INTO taken;
     IF taken IS NULL THEN
@@ -95,6 +97,9 @@ END
 $body$;
 """
 
+
+_ACQUIRE_PLAIN = _acquire_plain("django_locks_acquire_plain")
+
 # One of p_permits slots. Answers the token and permit taken (the caller's own live slot: the
 # same, extended), else the holder of the slot ending first (all live), else live_permits (the
 # key's live leases use another permits value; nothing written). The slot's token is drawn under
@@ -104,8 +109,13 @@ _BASE = (
     "lease.owner, lease.permits, lease.base_key, lease.fencing_token, lease.expires_at, "
     "lease.released_at"
 )
-_ACQUIRE_PERMIT = f"""
-CREATE OR REPLACE FUNCTION django_locks_acquire_permit(p_key text, p_owner text,
+
+
+def _acquire_permit(name: str, request: str = "") -> str:
+    """The permit's acquire function ``name``; ``request``: what a new slot's upsert also
+    writes."""
+    return f"""
+CREATE OR REPLACE FUNCTION {name}(p_key text, p_owner text,
     p_holder text, p_kind text, p_detail text, p_ttl_ms bigint, p_permits integer,
     OUT taken bigint, OUT permit integer, OUT live_permits integer, OUT held_by text,
     OUT held_kind text, OUT held_detail text, OUT held_since timestamp,
@@ -209,7 +219,7 @@ BEGIN
                 end_reason = NULL,
                 ended_by = NULL,
                 permits = excluded.permits,
-                base_key = excluded.base_key
+                base_key = excluded.base_key{request}
             WHERE NOT ({_LIVE})
             RETURNING lease.fencing_token
         )
@@ -232,6 +242,9 @@ BEGIN
 END
 $body$;
 """
+
+
+_ACQUIRE_PERMIT = _acquire_permit("django_locks_acquire_permit")
 
 # Renewals (and leaves: p_how set) of many leases, some of them slots (p_bases: a slot's base,
 # NULL for a plain lease): the bases first, in key order, then every lease as PG_RENEW_MANY

@@ -11,10 +11,19 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from django.db import connections
 
 from django_locks.exceptions import PermitsMismatchError
-from django_locks.stores.base import PERMITS_OWNER, LeaveReason, PermitGrant, ReleaseReason, Slot
+from django_locks.stores.base import (
+    PERMITS_OWNER,
+    PREEMPTED,
+    LeaveReason,
+    PermitGrant,
+    ReleaseReason,
+    Renewed,
+    Slot,
+)
 from django_locks.stores.database.operations import (
     HOLDER_COLUMNS,
     MIGRATED,
+    PREEMPT_COLUMNS,
     RECORDER,
     SEQUENCE,
     TABLE,
@@ -36,6 +45,7 @@ from django_locks.stores.database.sqlite_sql import (
     SQLITE_LEASES,
     SQLITE_LEASES_HELD,
     SQLITE_LEAVE,
+    SQLITE_OLDEST_SLOT,
     SQLITE_PERMIT_BASE,
     SQLITE_PERMIT_EXTEND,
     SQLITE_PERMIT_FOLLOW,
@@ -45,6 +55,8 @@ from django_locks.stores.database.sqlite_sql import (
     SQLITE_PERMIT_RECORD,
     SQLITE_PERMIT_SLOTS,
     SQLITE_PERMIT_TAKE,
+    SQLITE_PREEMPT,
+    SQLITE_PREEMPTED,
     SQLITE_PRUNE_COUNT,
     SQLITE_PRUNE_COUNT_PREFIXED,
     SQLITE_PRUNE_DELETE,
@@ -134,7 +146,9 @@ class SQLiteOperations(Operations):
     def missing_column(self, exc: BaseException) -> bool:
         # "table ... has no column named holder_kind", "no such column: excluded.holder_kind"
         text = str(exc)
-        return "column" in text and any(column in text for column in HOLDER_COLUMNS)
+        return "column" in text and any(
+            column in text for column in (*HOLDER_COLUMNS, *PREEMPT_COLUMNS)
+        )
 
     def acquire_as(
         self,
@@ -213,27 +227,40 @@ class SQLiteOperations(Operations):
         cursor.execute(SQLITE_RAISE_FLOOR, (token,))
         return PermitGrant(token, free)
 
-    def renew(self, cursor: Any, key: str, owner: str, ttl_ms: int) -> bool:
-        cursor.execute(SQLITE_RENEW, (offset(ttl_ms), key, owner))
-        renewed = bool(cursor.rowcount == 1)
-        if renewed and isinstance(key, Slot):
+    def renew(self, cursor: Any, key: str, owner: str, ttl_ms: int) -> Renewed:
+        renewed = _renew(cursor, key, owner, ttl_ms)
+        if renewed is True and isinstance(key, Slot):
             _follow(cursor, key.base, str(key))
         return renewed
 
     def renew_many(
         self, cursor: Any, leases: Sequence[tuple[str, str, int]]
-    ) -> set[tuple[str, str]]:
-        renewed = set()
+    ) -> dict[tuple[str, str], Renewed]:
+        answers: dict[tuple[str, str], Renewed] = {}
         bases: dict[str, None] = {}  # the keys of the slots renewed, in order
         for key, owner, ttl_ms in leases:  # one transaction (BEGIN IMMEDIATE): one step
-            cursor.execute(SQLITE_RENEW, (offset(ttl_ms), key, owner))
-            if cursor.rowcount == 1:
-                renewed.add((key, owner))
-                if isinstance(key, Slot):
+            renewed = _renew(cursor, key, owner, ttl_ms)
+            if renewed is not False:
+                answers[key, owner] = renewed
+                if renewed is True and isinstance(key, Slot):
                     bases[key.base] = None
         for base in bases:  # once per key, however many of its slots the batch renewed
             cursor.execute(SQLITE_PERMIT_LATEST, (f"{base}#", f"{base}$", base))
-        return renewed
+        return answers
+
+    def preempt(self, cursor: Any, key: str) -> int | None:
+        # One BEGIN IMMEDIATE transaction: nothing moves between the reads and the write.
+        found = cursor.execute(SQLITE_PERMIT_BASE, (key,)).fetchone()
+        if found is None or not found[3]:
+            return None
+        held_by, permits, base_key, _ = found
+        if held_by == PERMITS_OWNER and permits is not None and base_key is None:
+            oldest = cursor.execute(SQLITE_OLDEST_SLOT, (f"{key}#", f"{key}$", key)).fetchone()
+            if oldest is None:
+                return None
+            key = oldest[0]
+        cursor.execute(SQLITE_PREEMPT, (key,))
+        return int(cursor.execute(SQLITE_TOKEN, (key,)).fetchone()[0])
 
     def leave(self, cursor: Any, key: str, owner: str, ttl_ms: int, how: LeaveReason) -> bool:
         cursor.execute(SQLITE_LEAVE, (offset(ttl_ms), how, key, owner))
@@ -304,7 +331,7 @@ class SQLiteOperations(Operations):
         columns = (
             {row[0] for row in cursor.execute(SQLITE_COLUMNS, (TABLE,))} if TABLE in found else None
         )
-        lacking = columns is not None and not set(HOLDER_COLUMNS) <= columns
+        lacking = columns is not None and not {*HOLDER_COLUMNS, *PREEMPT_COLUMNS} <= columns
         if RECORDER not in found or not (TABLE not in found or SEQUENCE not in found or lacking):
             return []
         applied = {row[0] for row in cursor.execute(MIGRATED)}
@@ -324,6 +351,15 @@ def _permit(slot: str, start: int, permits: int) -> int | None:
         return None
     permit = int(digits)
     return permit if permit <= permits else None
+
+
+def _renew(cursor: Any, key: str, owner: str, ttl_ms: int) -> Renewed:
+    """Renew ``owner``'s live lease on ``key`` unless it is asked to give it up (preempted)."""
+    cursor.execute(SQLITE_RENEW, (offset(ttl_ms), key, owner))
+    if cursor.rowcount == 1:
+        return True
+    asked = cursor.execute(SQLITE_PREEMPTED, (key, owner)).fetchone()
+    return False if asked is None else PREEMPTED
 
 
 def _follow(cursor: Any, base: str, slot: str) -> None:

@@ -22,9 +22,10 @@ _TOKEN = (
 )
 _PERMITS = f"'{PERMITS_OWNER}'"
 # Besides the lease, the holder's kind and detail and which lease they describe (the new token:
-# see models.Lease), the last renewal and any end record cleared; a row a key taken with permits
-# left (its own, or a slot's) becomes a plain lease's. Never over a live one of those, even the
-# owner's own: sqlite.py reads the refusal and raises the permits mismatch.
+# see models.Lease), the last renewal and any end record cleared, and a preempt request kept
+# only by the same owner's live lease (a new lease's token makes it stale anyway); a row a key
+# taken with permits left (its own, or a slot's) becomes a plain lease's. Never over a live one
+# of those, even the owner's own: sqlite.py reads the refusal and raises the permits mismatch.
 SQLITE_ACQUIRE_AS = f"""
 INSERT INTO {TABLE} (key, owner, holder, fencing_token, acquired_at, expires_at, released_at,
     holder_kind, holder_detail, described_token, renewed_at, end_reason, ended_by)
@@ -43,7 +44,8 @@ ON CONFLICT (key) DO UPDATE SET
     end_reason = NULL,
     ended_by = NULL,
     permits = NULL,
-    base_key = NULL
+    base_key = NULL,
+    preempt_token = CASE WHEN {_SAME} THEN preempt_token END
 WHERE (owner = excluded.owner AND permits IS NULL AND base_key IS NULL) OR NOT ({_LIVE})
 """
 SQLITE_TOKEN = f"SELECT fencing_token FROM {TABLE} WHERE key = ?"
@@ -54,10 +56,15 @@ _HOLDER = f"""holder, CASE WHEN {_DESCRIBED} THEN holder_kind END,
     CASE WHEN {_DESCRIBED} THEN holder_detail END, acquired_at, expires_at"""
 SQLITE_HOLDER = f"SELECT {_HOLDER}, owner, permits, base_key FROM {TABLE} WHERE key = ?"
 SQLITE_RAISE_FLOOR = f"UPDATE {SEQUENCE} SET value = max(value, ?) WHERE id = 1"
+# A renewal moves a lease not asked to give its key up (a preempt request naming its token);
+# when it moves none, SQLITE_PREEMPTED, in the same transaction, says whether the owner's live
+# lease is there, asked (the renewal's answer: preempted, not extended).
+_ASKED = "preempt_token IS NOT NULL AND preempt_token = fencing_token"
 SQLITE_RENEW = f"""
 UPDATE {TABLE} SET expires_at = {_EXPIRY}, renewed_at = {_NOW}, end_reason = NULL
-WHERE key = ? AND owner = ? AND {_LIVE}
+WHERE key = ? AND owner = ? AND {_LIVE} AND NOT ({_ASKED})
 """
+SQLITE_PREEMPTED = f"SELECT 1 FROM {TABLE} WHERE key = ? AND owner = ? AND {_LIVE} AND {_ASKED}"
 SQLITE_LEAVE = f"""
 UPDATE {TABLE} SET expires_at = {_EXPIRY}, end_reason = ? WHERE key = ? AND owner = ? AND {_LIVE}
 """
@@ -156,7 +163,8 @@ ON CONFLICT (key) DO UPDATE SET
     owner = excluded.owner, holder = excluded.holder, acquired_at = excluded.acquired_at,
     expires_at = excluded.expires_at, released_at = NULL, holder_kind = excluded.holder_kind,
     holder_detail = excluded.holder_detail, renewed_at = NULL, end_reason = NULL,
-    ended_by = NULL, permits = excluded.permits, base_key = excluded.base_key"""
+    ended_by = NULL, permits = excluded.permits, base_key = excluded.base_key,
+    preempt_token = NULL"""
 # The key's own row, held by "permits" until the latest of its slots' expiries (at least the new
 # slot's), recording the slot's token (the highest drawn) and the permits value; its holder is
 # the process that took its first live slot.
@@ -192,3 +200,10 @@ WHERE key = ?3 AND owner = {_PERMITS} AND {_LIVE} AND {_LATEST} IS NOT NULL"""
 SQLITE_PERMIT_FREE = _end("?2", "?3") + f" AND key = ?1 AND owner = {_PERMITS}"
 # force_end() of the key itself: every live slot too.
 SQLITE_PERMIT_FORCE_SLOTS = _end("'force released'", "?3") + f" AND {_IN_RANGE} AND base_key = ?4"
+# Preempt requests: the request names the token of the key's live lease or, for a key held by
+# permits, of its live slot with the lowest token (the oldest holder), found as one range of the
+# primary key; sqlite.py reads the key's own row first (SQLITE_PERMIT_BASE), in the transaction.
+SQLITE_OLDEST_SLOT = f"""
+SELECT key FROM {TABLE} WHERE {_IN_RANGE} AND base_key = ?3 AND {_LIVE}
+ORDER BY fencing_token LIMIT 1"""
+SQLITE_PREEMPT = f"UPDATE {TABLE} SET preempt_token = fencing_token WHERE key = ?"

@@ -23,6 +23,7 @@ from django_locks.stores.base import (
     LockStore,
     PermitGrant,
     ReleaseReason,
+    Renewed,
     check_older_than,
     holder_name,
 )
@@ -131,18 +132,18 @@ class DatabaseStore(LockStore):
         )
         return taken if isinstance(taken, int) else None
 
-    def renew(self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None) -> bool:
+    def renew(self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None) -> Renewed:
         pools = self._pools
         return pools.run(pools.ops.renew, (key, owner, ttl_ms), timeout, renewal=True)
 
     def renew_many(
         self, leases: Sequence[tuple[str, str, int]], *, timeout: float | None = None
-    ) -> list[bool]:
+    ) -> list[Renewed]:
         if not leases:
             return []
         pools = self._pools
-        renewed = pools.run(pools.ops.renew_many, (leases,), timeout, renewal=True)
-        return [(key, owner) in renewed for key, owner, _ in leases]
+        answers = pools.run(pools.ops.renew_many, (leases,), timeout, renewal=True)
+        return [answers.get((key, owner), False) for key, owner, _ in leases]
 
     def release(self, key: str, owner: str, *, timeout: float | None = None) -> bool:
         pools = self._pools
@@ -220,6 +221,16 @@ class DatabaseStore(LockStore):
         if taken is None or isinstance(taken, PermitGrant):
             return taken
         return holder_of(taken)
+
+    # Preempt requests (migration 0006): the lease row's ``preempt_token`` names the lease
+    # asked; its owner's renewals answer PREEMPTED, each in the one statement (PostgreSQL: one
+    # function call) that would have renewed it, the batch still one round trip.
+
+    supports_preempt = True
+
+    def preempt(self, key: str, *, timeout: float | None = None) -> int | None:
+        pools = self._pools
+        return pools.run(pools.ops.preempt, (key,), timeout, renewal=False)
 
     # Optional capabilities.
 
