@@ -11,7 +11,7 @@ from typing import Any
 from django.utils.module_loading import import_string
 
 from django_locks.holders import Holder
-from django_locks.stores.base import LeaseInfo, LockStore, PermitGrant
+from django_locks.stores.base import LeaseInfo, LockStore, PermitGrant, Renewed
 
 
 class CountingStore(LockStore):
@@ -74,13 +74,13 @@ class CountingStore(LockStore):
         self._count("acquire_permit")
         return self.inner.acquire_permit(key, owner, ttl_ms, permits, holder, timeout=timeout)
 
-    def renew(self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None) -> bool:
+    def renew(self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None) -> Renewed:
         self._count("renew", 1)
         return self.inner.renew(key, owner, ttl_ms, timeout=timeout)
 
     def renew_many(
         self, leases: Sequence[tuple[str, str, int]], *, timeout: float | None = None
-    ) -> list[bool]:
+    ) -> Sequence[Renewed]:
         self._count("renew_many", len(leases))
         start = time.perf_counter()
         try:

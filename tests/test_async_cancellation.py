@@ -22,7 +22,7 @@ from django_locks.exceptions import LockNotAcquiredError, StoreTimeoutError
 from django_locks.notices import NOTICE_SLICE
 from django_locks.renewal import held_keepers
 from django_locks.stores import InMemoryStore
-from django_locks.stores.base import LockStore
+from django_locks.stores.base import LockStore, Renewed
 from tests.helpers import eventually
 
 STORES = [
@@ -194,7 +194,7 @@ class SlowRelease(LockStore):
     def acquire(self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None) -> Any:
         return self.inner.acquire(key, owner, ttl_ms, timeout=timeout)
 
-    def renew(self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None) -> bool:
+    def renew(self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None) -> Renewed:
         return self.inner.renew(key, owner, ttl_ms, timeout=timeout)
 
     def release(self, key: str, owner: str, *, timeout: float | None = None) -> bool:

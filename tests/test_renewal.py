@@ -15,7 +15,7 @@ from django_locks import LockLostError, Locks
 from django_locks.renewal import DRIFT, MARGIN
 from django_locks.signals import lock_lost
 from django_locks.stores import InMemoryStore
-from django_locks.stores.base import holder_name
+from django_locks.stores.base import Renewed, holder_name
 from django_locks.testing import ManualClock
 from tests.helpers import FaultyStore, eventually, recording
 
@@ -300,7 +300,7 @@ class CountingStore(InMemoryStore):
         super().__init__(**kwargs)
         self.round_trips: list[tuple[str, int]] = []
 
-    def renew(self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None) -> bool:
+    def renew(self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None) -> Renewed:
         self.round_trips.append(("renew", 1))
         return super().renew(key, owner, ttl_ms)
 
@@ -401,7 +401,7 @@ def test_leave_for_waits_for_a_renewal_in_flight() -> None:
     in_flight = threading.Event()
 
     class SlowRenewals(InMemoryStore):
-        def renew_many(self, leases: Any, *, timeout: float | None = None) -> list[bool]:
+        def renew_many(self, leases: Any, *, timeout: float | None = None) -> list[Renewed]:
             in_flight.set()
             time.sleep(0.15)
             return super().renew_many(leases, timeout=timeout)
