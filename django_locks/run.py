@@ -120,6 +120,13 @@ def _run_lock_steps(
         yield Release(lock)
 
 
+def _owner_acquire(spec: JobSpec, locks: Any, key: str, label: str) -> Acquire:
+    """The owner lease's one try: its own ttl and max_hold (never ``LOCKS["MAX_HOLD"]``)."""
+    assert spec.once is not None
+    ttl_ms = _ttl_ms(locks, spec.once.ttl_ms)
+    return Acquire(key, ttl_ms, label, "owner", max_hold_ms=spec.once.max_hold_ms)
+
+
 def _function_steps(
     spec: JobSpec, locks: Any, task: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Steps:
@@ -131,7 +138,7 @@ def _function_steps(
         owner = sticky.held(key)
         if owner is None:
             label = spec.owner_template()
-            found = yield Acquire(key, _ttl_ms(locks, spec.once.ttl_ms), label, "owner")
+            found = yield _owner_acquire(spec, locks, key, label)
             if not isinstance(found, Lock):
                 skipped(spec.name, key, ELSEWHERE, holder=found, level=logging.DEBUG, label=label)
                 return None
@@ -160,7 +167,7 @@ def _command_steps(
     if spec.once is not None:
         key = spec.owner_key(args, kwargs, None)
         label = spec.owner_template()
-        found = yield Acquire(key, _ttl_ms(locks, spec.once.ttl_ms), label, "owner")
+        found = yield _owner_acquire(spec, locks, key, label)
         if not isinstance(found, Lock):
             _command_skipped(spec, command, key, ELSEWHERE, found, "its hold ends", label)
             return None

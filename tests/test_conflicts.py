@@ -636,6 +636,39 @@ def test_the_run_lock_takes_the_services_max_hold_by_default(settings: Any) -> N
     assert isinstance(held[0], LockLostError) and held[0].detected_by == "max_hold"
 
 
+def test_an_owner_lease_takes_its_own_max_hold_never_the_services(settings: Any) -> None:
+    from django_locks import on_one_instance
+    from django_locks.ownership import sticky
+
+    settings.LOCKS = {**settings.LOCKS, "MAX_HOLD": "200ms"}
+    key = f"conflicts:owned:{name()}"
+
+    @on_one_instance(key, ttl="1s")
+    def uncapped() -> str:
+        return "ran"
+
+    @on_one_instance(f"{key}:capped", ttl="1s", max_hold="300ms")
+    def capped_owner() -> str:
+        return "ran"
+
+    try:
+        assert uncapped() == "ran" and capped_owner() == "ran"
+        owner, capped_lease = sticky.held(f"{key}:owner"), sticky.held(f"{key}:capped:owner")
+        assert owner is not None and capped_lease is not None
+        time.sleep(0.6)
+        assert owner.held, "an owner lease never takes LOCKS['MAX_HOLD']"
+        assert not capped_lease.held
+        reason = capped_lease.signal.reason
+        assert isinstance(reason, LockLostError) and reason.detected_by == "max_hold"
+        # Left to lapse within its ttl, then taken again by the next call (here or elsewhere).
+        eventually(lambda: capped_owner() == "ran", what="the owner lease taken again")
+        again = sticky.held(f"{key}:capped:owner")
+        assert again is not None and again.fencing_token > capped_lease.fencing_token
+    finally:
+        release_owner_leases()
+        unclaim(uncapped, capped_owner)
+
+
 # Jobs that share a lock on purpose
 
 
