@@ -93,7 +93,7 @@ FAMILIES = Families(
     runs_skipped=Family(
         "django_locks_runs_skipped_total",
         "counter",
-        "Decorated runs skipped, by code: elsewhere, in_progress.",
+        "Decorated runs skipped, by code: elsewhere, in_progress, at_capacity, not_replaced.",
         (*_LOCK_STORE, "code"),
     ),
     leader=Family(
