@@ -325,3 +325,60 @@ def test_leases_of_either_release_read_on_one_redis(
     (described,) = [info for info in listing if info["key"] == "up:new"]
     assert (described["fencing_token"], described["holder"]) == (taken, mine), described
     assert refusal is None
+
+
+@pytest.mark.parametrize("store_kind", ["database", "redis"])
+def test_a_previous_release_renews_a_lease_this_release_asked_to_give_up(
+    previous_release: Path,
+    postgres_server: Any,
+    tmp_path: Path,
+    store_kind: str,
+    request: pytest.FixtureRequest,
+) -> None:
+    """A preempt request (on_conflict="replace") does not preempt a run of a 0.1.0 process: its
+    renewals know no requests, and renew the lease (docs/howto/upgrade.rst). The request its
+    next lease leaves behind on the row names the ended lease's token, and no renewal of this
+    release answers it."""
+    name = f"rolling_upgrade_preempt_{store_kind}"
+    if store_kind == "database":
+        database, store = migrated_database(postgres_server, name, tmp_path), "database"
+    else:
+        conn = postgres_server.connect()
+        try:
+            conn.cursor().execute(f"DROP DATABASE IF EXISTS {name}")
+            conn.cursor().execute(f"CREATE DATABASE {name}")
+        finally:
+            conn.close()
+        database = postgres_server.database_settings(name)  # Django needs one; nothing migrated
+        store = f"redis={request.getfixturevalue('redis_server').url}"
+
+    def current(*actions: Any) -> Any:
+        return steps(CURRENT, django_locks.__version__, database, store, tmp_path, *actions)
+
+    def previous(*actions: Any) -> Any:
+        python = previous_release / "python"
+        return steps(python, PREVIOUS_VERSION, database, store, tmp_path, *actions)
+
+    key = "up:asked"
+    (token,) = previous(["acquire", key, "old-1", 1500])
+    asked, refused = current(["preempt", key], ["acquire", key, "new-1", 60_000])
+    assert isinstance(token, int) and asked == token and refused is None
+    renewed, _ = previous(["renew", key, "old-1", 60_000], ["sleep", 2.0])  # past the 1.5 s
+    held, still = current(["lease", key], ["acquire", key, "new-1", 60_000])
+    assert renewed is True, renewed
+    assert (held["state"], held["owner"], held["fencing_token"]) == ("held", "old-1", token)
+    assert still is None
+    released, newer = previous(["release", key, "old-1"], ["acquire", key, "old-2", 60_000])
+    assert released is True and isinstance(newer, int) and newer > token
+    (named,) = current(["preempt", key])
+    again, freed = previous(["renew", key, "old-2", 60_000], ["release", key, "old-2"])
+    assert named == newer and again is True and freed is True
+    taken, answer, asked_again, preempted = current(
+        ["acquire", key, "new-2", 60_000],
+        ["renew", key, "new-2", 60_000],
+        ["preempt", key],
+        ["renew", key, "new-2", 60_000],
+    )
+    assert isinstance(taken, int) and taken > newer, taken
+    assert answer is True  # a new lease: the request left behind was another token's
+    assert asked_again == taken and preempted == "preempted"

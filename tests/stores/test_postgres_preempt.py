@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 import threading
 import time
 import uuid
@@ -13,13 +14,16 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from django.core.management import call_command
 from django.db import connections
 
+from django_locks.exceptions import StoreError
 from django_locks.holders import Holder
 from django_locks.stores.base import PREEMPTED, PermitGrant, Slot
 from django_locks.stores.database import DatabaseStore, postgresql_permits_sql, postgresql_sql
+from django_locks.stores.database.operations import FUNCTIONS, PREEMPT_MIGRATION
 from django_locks.testing.holder_cases import WORKER
-from tests.stores.test_postgres import query
+from tests.stores.test_postgres import functions_away, query
 
 pytestmark = [
     pytest.mark.postgres,
@@ -372,3 +376,59 @@ def test_the_previous_functions_still_work_after_0006_and_ignore_requests(store,
     end_slot = "SELECT django_locks_end_slot(%s, %s, 's1', 'released', NULL)"
     assert query(sql, end_slot, permits, str(oldest)) == (True,)
     assert store.preempt(permits) == taken[0]
+
+
+def test_without_migration_0006_the_store_works_as_before_and_refuses_preempt(
+    store, sql, caplog
+) -> None:
+    """A process of this release on a database without 0006's functions (the migration not run
+    yet, a restored dump): one warning, acquires and renewals as before (no request answered),
+    preempt() refused naming migrate, a W102 whose hint brings the functions back; the same
+    store finds them again with its next preempt()."""
+    with functions_away(sql, *FUNCTIONS[PREEMPT_MIGRATION]):
+        name, permits = key(), key()
+        token = store.acquire(name, "one", 60_000)
+        assert token is not None
+        assert caplog.text.count(PREEMPT_MIGRATION) == 1, caplog.text
+        assert store.renew(name, "one", 60_000) is True
+        assert store.renew_many([(name, "one", 60_000)]) == [True]
+        slot = grant(store, permits, "s1", 3)
+        assert store.renew_many([(slot, "s1", 60_000)]) == [True]
+        with pytest.raises(StoreError, match="migrate django_locks --database postgres"):
+            store.preempt(name)
+        (message,) = store.check(databases=["postgres"])
+        assert message.id == "django_locks.W102"
+        for signature in FUNCTIONS[PREEMPT_MIGRATION]:
+            assert signature.partition("(")[0] in message.msg
+        commands = re.findall(r"`manage.py ([^`]*)`", message.hint)
+        assert commands == [
+            "migrate django_locks 0005 --database postgres",
+            "migrate django_locks --database postgres",
+        ], message.hint
+        for command in commands:
+            call_command(*command.split(), verbosity=0)
+        assert store.check(databases=["postgres"]) == []
+        assert store.preempt(name) == token
+        assert store.renew(name, "one", 60_000) == PREEMPTED
+        assert store.preempt(permits) == token_of(store, slot)
+        assert store.renew_many([(slot, "s1", 60_000)]) == [PREEMPTED]
+
+
+def test_a_table_without_the_0006_column_renews_as_before_and_says_how_to_add_it(
+    store, sql
+) -> None:
+    name = key()
+    assert store.acquire(name, "one", 60_000) is not None
+    query(sql, "ALTER TABLE django_locks_lease RENAME COLUMN preempt_token TO away_token")
+    try:
+        assert store.renew(name, "one", 60_000) is True  # 0006's call failed: 0003's statement
+        assert store.acquire(key(), "two", 60_000) is not None
+        with pytest.raises(StoreError, match="0006_preempt"):
+            store.preempt(name)
+        (message,) = store.check(databases=["postgres"])
+    finally:
+        query(sql, "ALTER TABLE django_locks_lease RENAME COLUMN away_token TO preempt_token")
+    assert message.id == "django_locks.W102"
+    assert "column preempt_token of django_locks_lease is missing" in message.msg
+    assert "migrate django_locks 0005 --fake --database postgres" in message.hint
+    assert store.preempt(name) is not None and store.renew(name, "one", 60_000) == PREEMPTED

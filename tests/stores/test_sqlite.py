@@ -13,7 +13,7 @@ from django.test import override_settings
 
 from django_locks.exceptions import PermitsMismatchError, StoreError
 from django_locks.holders import Holder
-from django_locks.stores.base import PermitGrant, Slot
+from django_locks.stores.base import PREEMPTED, PermitGrant, Slot
 from django_locks.stores.database import DatabaseStore
 from django_locks.testing.holder_cases import WORKER
 from tests.children.env import child_env
@@ -152,3 +152,26 @@ def test_a_plain_lease_on_an_ended_slot_s_key_is_plain_and_keeps_that_slot_from_
     full = store.acquire_permit("sqlite:slots", "three", 60_000, 2, WORKER)
     assert isinstance(full, Holder)  # slot 1's key is held, by a plain lease
     assert store.acquire("sqlite:slots#1", "plain", 60_000) == token  # still plain, idempotent
+
+
+# 0.1.0's SQLite renew (commit e6af6cb), which knows no preempt requests.
+PREVIOUS_RENEW = """
+UPDATE django_locks_lease SET expires_at = strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)
+WHERE key = %s AND owner = %s AND released_at IS NULL
+    AND julianday(expires_at) > julianday('now')
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_previous_release_renews_a_lease_asked_to_give_up_and_its_new_lease_is_not_asked():
+    store = DatabaseStore("default")
+    assert previous_acquire("sqlite:asked", "old")
+    token = store.lease("sqlite:asked")
+    assert token is not None and store.preempt("sqlite:asked") == token.fencing_token
+    with connection.cursor() as cursor:
+        cursor.execute(PREVIOUS_RENEW, ["+60.000 seconds", "sqlite:asked", "old"])
+        assert cursor.rowcount == 1  # renewed: 0.1.0 knows no requests
+    assert store.renew("sqlite:asked", "old", 60_000) == PREEMPTED  # this release's answer
+    assert store.release("sqlite:asked", "old")
+    assert previous_acquire("sqlite:asked", "older")  # a new lease: the request left is stale
+    assert store.renew("sqlite:asked", "older", 60_000) is True
