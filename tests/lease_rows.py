@@ -60,6 +60,7 @@ EXPECTED = {
     "lapsed:min-hold": "lapsed",
     "handed-back:grace": "handed back",
     "expired:old-process": "expired",
+    "max-hold:stuck": "max hold",
     "released:clean": "released",
     "handed-back:shutdown": "handed back",
     "force-released:alice": "force released",
@@ -82,6 +83,7 @@ def put_every_state(using: str = "default") -> None:
         minutes=3, using=using)  # fmt: skip
     put("expired:old-process", token=24, ended="expiry", described=False, reason="lapsed",
         minutes=4, using=using)  # fmt: skip
+    put("max-hold:stuck", token=25, ended="expiry", reason="max hold", minutes=5, using=using)
     put("released:clean", token=31, ended="release", reason="released", minutes=1, using=using)
     put("handed-back:shutdown", token=32, ended="release", reason="handed back", minutes=2,
         using=using)  # fmt: skip

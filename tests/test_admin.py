@@ -253,10 +253,11 @@ def test_lock_traffic_updates_lease_rows_in_place(settings, postgres_server):
 
 
 @DB
-def test_the_filters_are_the_six_states_and_invalid_ones_are_refused(viewer, database):
+def test_the_filters_are_the_seven_states_and_invalid_ones_are_refused(viewer, database):
     html = viewer.get(URL).content.decode()
     assert filter_links(html) == [
-        "All", "Held", "Released", "Handed back", "Lapsed", "Expired", "Force released",
+        "All", "Held", "Released", "Handed back", "Lapsed", "Expired", "Max hold",
+        "Force released",
     ]  # fmt: skip
     counted = viewer.get(URL, {"_facets": "1"}).content.decode()  # Django's "Show counts"
     assert "Held (2)" in counted and "Handed back (2)" in counted and "Released (3)" in counted
@@ -491,11 +492,12 @@ def memory(settings: Any) -> Iterator[ManualClock]:
     store = locks.store
     worker = Holder(host="web-2", pid=4121, kind="worker", detail=LONG_DETAIL)
     for key in ("held:export", "released:clean", "handed-back:shutdown", "lapsed:min-hold",
-                "expired:crash", "force-released:alice"):  # fmt: skip
+                "expired:crash", "force-released:alice", "max-hold:stuck"):  # fmt: skip
         assert isinstance(store.acquire_as(key, f"{OWNER}-{key}", 60_000, worker), int)
     store.end("released:clean", f"{OWNER}-released:clean", "released")
     store.end("handed-back:shutdown", f"{OWNER}-handed-back:shutdown", "handed back")
     store.leave("lapsed:min-hold", f"{OWNER}-lapsed:min-hold", 1_000, "lapsed")
+    store.leave("max-hold:stuck", f"{OWNER}-max-hold:stuck", 1_000, "max hold")
     store.renew("expired:crash", f"{OWNER}-expired:crash", 1_000)
     store.force_end("force-released:alice", by="admin alice")
     clock.advance("2s")
@@ -512,12 +514,13 @@ def test_memory_store_lists_every_state_with_every_filter(releaser, memory):
         ("force-released:alice", "force released"),
         ("handed-back:shutdown", "handed back"),
         ("lapsed:min-hold", "lapsed"),
+        ("max-hold:stuck", "max hold"),
         ("released:clean", "released"),
     ]
     assert labels(html)["force-released:alice"] == "Force released by admin alice"
     assert filter_links(html) == [
         "All", "Held (1)", "Released (1)", "Handed back (1)", "Lapsed (1)", "Expired (1)",
-        "Force released (1)",
+        "Max hold (1)", "Force released (1)",
     ]  # fmt: skip
     assert "in 1m" in html and "(1s ago)" in html  # on the store's (manual) clock
     assert "web-2 pid 4121 (celery task nightly-export-" in html
@@ -525,7 +528,7 @@ def test_memory_store_lists_every_state_with_every_filter(releaser, memory):
     assert OWNER not in html
     assert "Leases of the lock store in-memory store (this process only)" in html
     assert listed(releaser.get(URL, {"state": "lapsed"}).content.decode()) == ["lapsed:min-hold"]
-    assert len(listed(releaser.get(URL, {"q": "WEB-2 pid"}).content.decode())) == 6
+    assert len(listed(releaser.get(URL, {"q": "WEB-2 pid"}).content.decode())) == 7
     assert listed(releaser.get(URL, {"q": "crash"}).content.decode()) == ["expired:crash"]
 
 

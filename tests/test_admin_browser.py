@@ -168,7 +168,7 @@ def test_every_state_search_filter_sort_refresh_and_release(
     assert list(shown) == [LONG_KEY, *EXPECTED]  # held first (latest expiry), then the ends
     labels = {state: label for state, label in (
         ("held", "Held"), ("expired", "Expired"), ("lapsed", "Lapsed"),
-        ("handed back", "Handed back"), ("released", "Released"),
+        ("handed back", "Handed back"), ("released", "Released"), ("max hold", "Max hold"),
     )}  # fmt: skip
     for key, state in EXPECTED.items():
         expected = "Force released by admin alice" if state == "force released" else labels[state]

@@ -37,15 +37,15 @@ FILTERS: tuple[State, ...] = (
     "handed back",
     "lapsed",
     "expired",
+    "max hold",
     "force released",
 )
-"""The state filter's choices, in the order shown (``max hold`` comes with the coordination
-issue: the database store records no such end yet)."""
+"""The state filter's choices, in the order shown."""
 
 # The reasons a row records (``Lease.end_reason``) that the page shows instead of a plain
 # "released" (for a released row) or "expired" (for one whose lease ran out).
 _RELEASE_ENDS = ("handed back", "force released")
-_EXPIRY_ENDS = ("lapsed", "handed back")
+_EXPIRY_ENDS = ("lapsed", "handed back", "max hold")
 
 
 # The database store's rows, in SQL. A row is held while not released and not expired on the
@@ -82,6 +82,8 @@ def state_q(state: str) -> Q:
         return (released | _ran_out()) & _described() & Q(end_reason="handed back")
     if state == "force released":
         return released & _described() & Q(end_reason="force released")
+    if state == "max hold":
+        return _ran_out() & _described() & Q(end_reason="max hold")
     raise ValueError(f"`state` must be one of {', '.join(FILTERS)}, got {state!r}")
 
 
@@ -154,8 +156,8 @@ def info_state(lease: LeaseInfo) -> State:
         return "held"
     ended = lease.ended
     if lease.state == "released":
-        return ended if ended in (*_RELEASE_ENDS, "max hold") else "released"
-    return ended if ended in (*_EXPIRY_ENDS, "max hold") else "expired"
+        return ended if ended in _RELEASE_ENDS else "released"
+    return ended if ended in _EXPIRY_ENDS else "expired"
 
 
 def store_filters(store: LockStore) -> tuple[State, ...]:

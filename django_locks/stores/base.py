@@ -155,9 +155,7 @@ class LockStore:
         """
         raise NotImplementedError
 
-    def renew(
-        self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None
-    ) -> Renewed:
+    def renew(self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None) -> Renewed:
         """Move the expiry of ``owner``'s live lease on ``key`` to ``ttl_ms`` from now.
 
         Returns ``True`` when renewed, ``False`` when ``owner`` holds no live lease on ``key``
