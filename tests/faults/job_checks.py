@@ -15,7 +15,7 @@ A preempt request is a ``preempt`` event naming a token; a preemption an ``abort
 * ``preempt_missed``: a holder asked to go, with no fault on its process, neither preempted
   nor gone within ttl/3 + ``NOTICE_MARGIN`` of the request, or refused a renewal instead;
 * ``stale_target``: a request named a token that had ended before the call began (a greater
-  token of the key had been acquired, or its holder had left its block);
+  token of the key had been acquired, or its holder's release had been confirmed);
 * ``max_hold_timing``: a lock taken with ``max_hold`` whose signal aborted ``by="max_hold"``
   before ``max_hold`` or later than ``CAP_MARGIN`` after it, or never while it was held;
 * ``max_hold_unannounced``: a capped lock without ``lock_lost(detected_by="max_hold")`` (unless
@@ -115,7 +115,8 @@ class Facts:
             self.lost[(event["key"], event["token"])].append(event)
         self.release = _first(by_kind["release"])
         self.exit = {event["pid"]: event["t"] for event in by_kind["exit"]}
-        self.left = _first(by_kind["left"])
+        # Left with the release confirmed: the lease was gone (a lost lock's lease lapses later).
+        self.left = _first([e for e in by_kind["left"] if e.get("released")])
         self.deadline: dict[Ident, float] = {}
         for name in ("ok", "deadline", "release"):
             for event in by_kind[name]:

@@ -14,12 +14,14 @@ returns on its own), or *finishes* well before ``max_hold``.
 
 Besides the worker's events: ``preempt`` (key, token asked or None, start, end), ``aborted``
 (the instant a lock's signal aborted with a ``LockLostError``: its class, ``detected_by`` and
-token; a thread per lock waits for it), ``left`` (the block was left: its release was answered),
+token; a thread per lock waits for it), ``left`` (the block was left, ``released``: whether the
+store confirmed the release, None when it failed),
 ``job`` (the ``max_hold`` job drawn) and ``fail`` with a ``code``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import threading
@@ -32,7 +34,7 @@ from typing import Any
 from django.db.models import F
 
 from django_locks import Lock, Locks
-from django_locks.exceptions import LockLostError
+from django_locks.exceptions import LockLostError, StoreError
 from django_locks.fencing import fenced_update
 from django_locks.policy import POLICY
 
@@ -157,8 +159,13 @@ class Jobs:
                 work()
             finally:
                 self.record("release", key=key, token=token, deadline=lock.deadline, held=lock.held)
+            # What leaving the block does, for its answer: whether the store confirmed the
+            # lease was still ours and freed it (a lock lost or capped is not freed, it lapses).
+            released: bool | None = None
+            with contextlib.suppress(StoreError):
+                released = lock.release()
         self.keepers.pop(token, None)
-        self.record("left", key=key, token=token)
+        self.record("left", key=key, token=token, released=released)
 
     def watch(self, lock: Lock, key: str) -> None:
         token = lock.fencing_token
