@@ -373,3 +373,30 @@ def test_prune_removes_only_the_prefixs_rows(prefixed):
     assert rows(alias) >= {"b:report", "report", "a:export"}
     assert "a:report" not in rows(alias)
     assert "Pruned 0 leases" in run("prune", "--older-than", "0s")
+
+
+@pytest.mark.parametrize(
+    "subcommand", [["list"], ["list", "--all"], ["prune", "--older-than", "1d"]]
+)
+def test_djangos_common_options_are_taken_after_the_subcommand(subcommand: list[str]) -> None:
+    """``manage.py locks list --settings mysite.other``, as every command takes them at its end
+    (ManagementUtility applies --settings before the command's parser sees it)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.children.env import child_env
+
+    env = child_env()
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    args = [*subcommand, "--settings", "tests.settings", "-v", "0", "--traceback"]
+    done = subprocess.run(
+        [sys.executable, "-m", "django", "locks", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=os.fspath(os.path.dirname(os.path.dirname(__file__))),
+    )
+    assert done.returncode == 0, done.stderr
+    assert "unrecognized arguments" not in done.stderr

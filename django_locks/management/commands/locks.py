@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import getpass
 import json
 import logging
@@ -22,6 +23,20 @@ from django_locks.stores.base import LeaseInfo
 from django_locks.stores.naming import describe_store
 
 logger = logging.getLogger("django_locks")
+
+
+def _accept_common_options(parser: CommandParser) -> None:
+    """Django's common options after the subcommand too (``locks list --settings
+    mysite.other``, as every other command takes them at its end): the same options, their
+    defaults left to the command's own parser (``SUPPRESS``)."""
+    same = "As before the subcommand."
+    for option in ("--settings", "--pythonpath"):
+        parser.add_argument(option, default=argparse.SUPPRESS, help=same)
+    parser.add_argument(
+        "-v", "--verbosity", type=int, choices=[0, 1, 2, 3], default=argparse.SUPPRESS, help=same
+    )
+    for flag in ("--traceback", "--no-color", "--force-color", "--skip-checks"):
+        parser.add_argument(flag, action="store_true", default=argparse.SUPPRESS, help=same)
 
 
 class Command(BaseCommand):
@@ -62,6 +77,8 @@ class Command(BaseCommand):
             "--dry-run", action="store_true", help="Count the rows it would delete; delete none."
         )
         probes.add_health_parser(commands)
+        for subcommand in (listing, release, prune, commands.choices["health"]):
+            _accept_common_options(subcommand)
 
     def handle(self, *args: Any, **options: Any) -> None:
         stdin: TextIO = options.get("stdin") or sys.stdin
