@@ -13,8 +13,11 @@ import sys
 from collections.abc import Callable, Generator
 from typing import Any
 
+from django.core.management.base import CommandError
+
 from django_locks import conflicts
 from django_locks.context import running_under
+from django_locks.exceptions import LockNotAcquiredError
 from django_locks.holders import Holder
 from django_locks.job import JobSpec
 from django_locks.lock import Lock
@@ -108,7 +111,14 @@ def _run_lock_steps(
     lock = yield tried
     if not isinstance(lock, Lock):
         name = task or spec.name
-        lock = yield from conflicts.resolve(run, tried, lock, name=name, task=task, skip=skip)
+        try:
+            lock = yield from conflicts.resolve(run, tried, lock, name=name, task=task, skip=skip)
+        except LockNotAcquiredError as error:
+            if spec.is_command:
+                # One line on stderr and exit 1, as Django prints a CommandError, not a
+                # traceback in the cron mail; the error is its __cause__.
+                raise CommandError(str(error)) from error
+            raise
         if lock is None:
             return False, None
     unlink = _link(owner, lock)

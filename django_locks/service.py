@@ -19,7 +19,7 @@ from django_locks.durations import Duration
 from django_locks.events import Use, check_label, label_of
 from django_locks.exceptions import StoreError
 from django_locks.holders import Holder
-from django_locks.keys import check_permits, permit_suffix, validate_key
+from django_locks.keys import MAX_KEY_LENGTH, check_permits, permit_suffix, validate_key
 from django_locks.lock import Lock
 from django_locks.notices import NOTICE_SLICE, wait_for_release
 from django_locks.policy import POLICY
@@ -334,8 +334,7 @@ class Locks(LeaseQueries):
         validate_key(key, suffix=permit_suffix(count))
         if self.key_prefix:
             assert isinstance(key, str)
-            name = f"key (after the key prefix {self.key_prefix!r})"
-            validate_key(self.key_prefix + key, name=name, suffix=permit_suffix(count))
+            _check_room(key, self.key_prefix, permit_suffix(count))
         ttl_ms = self.ttl_ms if ttl is None else durations.ttl_ms(ttl)
         # The common `wait=0` skips parsing; `False` (== 0) is refused like `True`.
         wait_s = 0.0 if type(wait) is int and wait == 0 else durations.wait_ms(wait) / 1000
@@ -368,6 +367,18 @@ class Locks(LeaseQueries):
             )
         timeout = POLICY.acquire_timeout(self.ttl_ms)
         return self.store.preempt(self.key_prefix + key, timeout=timeout)
+
+
+def _check_room(key: str, prefix: str, suffix: str) -> None:
+    """The key prefix (and a permit's ``#<n>``) count towards a key's 500 characters."""
+    room = MAX_KEY_LENGTH - len(prefix) - len(suffix)
+    if len(key) > room:
+        slots = f" and its permits' {suffix!r}" if suffix else ""
+        raise ValueError(
+            f"`key` must be 1 to {room} characters under the key prefix {prefix!r}{slots} "
+            f"(they count towards the {MAX_KEY_LENGTH} characters of a key), got {len(key)}: "
+            f"{key[:40]!r}...; shorten the key or LOCKS['KEY_PREFIX']"
+        )
 
 
 def _gave_up(signal: AbortSignal | None) -> str:

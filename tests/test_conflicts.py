@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 
 from django_locks import (
     LockLostError,
@@ -454,8 +454,9 @@ def command(*args: str) -> tuple[str, str]:
 def test_a_command_with_raise_fails_naming_the_holder(store: str) -> None:
     held = locks.acquire("raising:report")
     assert held is not None
-    with pytest.raises(LockNotAcquiredError, match="'raising:report' is held by"):
+    with pytest.raises(CommandError, match="'raising:report' is held by") as raised:
         command("raising_report")
+    assert isinstance(raised.value.__cause__, LockNotAcquiredError)
     held.release()
     assert command("raising_report")[0].startswith("ran with token")
 

@@ -59,9 +59,12 @@ def test_the_prefix_counts_towards_the_500_characters() -> None:
     longest = service.acquire("k" * 490)
     assert longest is not None
     longest.release()
-    with pytest.raises(ValueError, match="key prefix 'xxxxxxxxxx'"):
+    with pytest.raises(ValueError, match="key prefix 'xxxxxxxxxx'") as raised:
         service.acquire("k" * 491)
-    with pytest.raises(ValueError, match="key prefix"):
+    message = str(raised.value)
+    assert message.startswith("`key` must be 1 to 490 characters"), message
+    assert "shorten the key or LOCKS['KEY_PREFIX']" in message
+    with pytest.raises(ValueError, match="1 to 485 characters under the key prefix"):
         service.acquire("k" * 486, permits=1000)  # its slot keys end "#1000"
 
 
