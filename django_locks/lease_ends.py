@@ -159,10 +159,7 @@ class KeeperEnds:
         renewals stop and the signal aborts with ``PreemptedError``; no ``lock_lost`` (nothing
         failed). The block's exit still releases it (:meth:`stop`), else it lapses at its ttl."""
         error = PreemptedError(self.key, self.fencing_token)
-        return self._lose_as("preempted", error)
-
-    def _lose_as(self, state: State, error: LockLostError) -> Callable[[], None]:
-        callbacks = self._end(state, error)
+        callbacks = self._end("preempted", error)
         return lambda: self.clock.notify(lambda: self._announce_loss(error, callbacks))
 
     def _announce_loss(self, error: LockLostError, callbacks: list[Any]) -> None:
