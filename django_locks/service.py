@@ -95,7 +95,7 @@ class Locks(LeaseQueries):
         :attr:`Lock.permit`; every caller of a key gives the same value, else
         ``PermitsMismatchError``). ``max_hold``: renewals stop this long after the acquire
         (the signal then aborts with ``LockLostError(detected_by="max_hold")`` and the lease
-        lapses at its ttl); default: the service's (``LOCKS["MAX_HOLD"]``), ``None`` for none.
+        lapses at its ttl); ``None`` (the default): the service's, ``LOCKS["MAX_HOLD"]``.
         Raises ``ValueError`` / ``TypeError`` on bad arguments before any I/O, ``StoreError``
         when the store fails.
         """
