@@ -133,9 +133,13 @@ def rechecked(path: Path) -> list[dict[str, Any]]:
     checked again by the current checker (after a fix to the checker, say)."""
     results = loaded(path)
     for index, result in enumerate(results):
-        # Results written before "run" was recorded: the default first seed, 1.
-        name = result.get("run") or f"{result['store']}-{result['scenario']}-{result['seed'] - 1}"
-        run = path.parent if path.name == "report.json" else path.parent / name
+        if path.name == "report.json":
+            run = path.parent
+        else:  # Results written before "run" was recorded: the default first seed, 1.
+            seed = result["seed"]
+            run = path.parent / (
+                result.get("run") or f"{result['store']}-{result['scenario']}-{seed - 1}"
+            )
         report = check(read_history(sorted(run.glob("*.jsonl"))))
         results[index] = {**result, **report.as_dict()}
     return results
