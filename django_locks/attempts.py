@@ -31,8 +31,6 @@ def try_once(
     the store answered in the same round trip; ``None`` when it cannot say). With ``permits``
     above 1, one of the key's permits, else the holder whose lease ends first. The store sees
     the key with the service's ``key_prefix``; the lock, its events and errors name ``key``."""
-    from django_locks.service import Locks
-
     owner = new_owner()
     holder = this_process()
     clock = locks.clock
@@ -65,7 +63,6 @@ def try_once(
     keeper = Keeper(
         store=store,
         clock=clock,
-        sender=Locks,  # the one documented sender of every signal, subclass or not
         key=key,
         owner=owner,
         fencing_token=token,

@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Literal
 
 from django_locks.abort import AbortController
 from django_locks.clock import Clock, TimerHandle
@@ -50,14 +50,13 @@ class Keeper(KeeperEnds):
     Made for every lock, between its acquire and release round trips: its ``signal`` is made
     when first asked for (most locks are released without anybody looking)."""
 
-    __slots__ = ("_batch", "_due", "_hold_until", "_renew_at", "sender")
+    __slots__ = ("_batch", "_due", "_hold_until", "_renew_at")
 
     def __init__(
         self,
         *,
         store: LockStore,
         clock: Clock,
-        sender: Any,
         key: str,
         owner: str,
         fencing_token: int,
@@ -77,7 +76,6 @@ class Keeper(KeeperEnds):
         self.told = False
         self.acquired_at = clock.monotonic()
         self.clock = clock
-        self.sender = sender
         self.key = key
         # A permit's lease is its slot (`<key>#<n>`): the key every store call names, with the
         # service's KEY_PREFIX (`store_key`); `key` is the one people see.
