@@ -46,9 +46,6 @@ POLICIES: tuple[OnConflict, ...] = ("skip", "raise", "retry", "replace")
 MAX_RETRIES = 1000
 """The most ``max_retries`` accepted."""
 
-RETRY_CAP = 600.0
-"""The longest wait before a retry, in seconds (10 minutes)."""
-
 
 # Checked when a job is decorated.
 
@@ -137,7 +134,7 @@ def replace_wait_s(run: RunSpec, ttl_ms: int) -> float:
     (the holder reads the request within ttl/3 and its lease lapses at most a ttl later)."""
     if run.wait_ms is not None:
         return run.wait_ms / 1000
-    return (ttl_ms + ttl_ms / 3) / 1000
+    return POLICY.replace_wait(ttl_ms / 1000)
 
 
 def busy_reason(run: RunSpec) -> str:
@@ -146,9 +143,9 @@ def busy_reason(run: RunSpec) -> str:
 
 
 def retry_delay(retries: int, ttl_ms: int) -> float:
-    """Seconds before retry number ``retries + 1``: ttl/3 doubled at each retry, at most
-    :data:`RETRY_CAP`, drawn from the upper half (the one jittered backoff of the policy)."""
-    return POLICY.backoff(retries, cap=RETRY_CAP, first=ttl_ms / 3000)
+    """Seconds before retry number ``retries + 1``: ttl/3 doubled at each retry, at most 10
+    minutes, drawn from the upper half (the policy's ``task_retry_delay``)."""
+    return POLICY.task_retry_delay(retries, ttl_ms / 1000)
 
 
 Skip = Callable[[str, "Holder | None", str], None]

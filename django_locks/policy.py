@@ -63,6 +63,9 @@ class RenewalPolicy:
     """After a short term the campaign waits min(1 s, ttl / 3), doubled each short term up to
     the ttl (jittered): no crash loop on one replica."""
 
+    task_retry_max: float = 600.0
+    """The longest wait before a task's retry (``on_conflict="retry"``): 10 minutes."""
+
     def period(self, ttl: float) -> float:
         """Seconds from a renewal's send (or the acquire's) to the next renewal."""
         return ttl / self.renew_divisor
@@ -101,6 +104,17 @@ class RenewalPolicy:
         in a row (0: the last was not short)."""
         first = min(self.relaunch_first_max, ttl / self.campaign_divisor)
         return self.backoff(max(failures - 1, 0), cap=ttl, first=first)
+
+    def replace_wait(self, ttl: float) -> float:
+        """A replacing run's default wait for the key (``on_conflict="replace"``): the holder
+        reads the request with its next renewal (within a period), and the lease of one that
+        ignores its signal lapses at most a ttl after its last renewal."""
+        return ttl + self.period(ttl)
+
+    def task_retry_delay(self, retries: int, ttl: float) -> float:
+        """Seconds before a task's retry number ``retries + 1`` (``on_conflict="retry"``): a
+        renewal period doubled at each retry, at most ``task_retry_max`` (jittered)."""
+        return self.backoff(retries, cap=self.task_retry_max, first=self.period(ttl))
 
     def head_start(self) -> float:
         """Seconds a Redis wait for a release notice that ran out waits more (above)."""
