@@ -360,10 +360,12 @@ def test_a_previous_release_renews_a_lease_this_release_asked_to_give_up(
         return steps(python, PREVIOUS_VERSION, database, store, tmp_path, *actions)
 
     key = "up:asked"
-    (token,) = previous(["acquire", key, "old-1", 1500])
+    # 15 s: two process starts of each release come before the renewal (a 1.5 s lease expired
+    # first under CI's load); the sleep then shows the renewal moved its expiry.
+    (token,) = previous(["acquire", key, "old-1", 15_000])
     asked, refused = current(["preempt", key], ["acquire", key, "new-1", 60_000])
     assert isinstance(token, int) and asked == token and refused is None
-    renewed, _ = previous(["renew", key, "old-1", 60_000], ["sleep", 2.0])  # past the 1.5 s
+    renewed, _ = previous(["renew", key, "old-1", 60_000], ["sleep", 15.5])  # past the 15 s
     held, still = current(["lease", key], ["acquire", key, "new-1", 60_000])
     assert renewed is True, renewed
     assert (held["state"], held["owner"], held["fencing_token"]) == ("held", "old-1", token)
