@@ -190,8 +190,10 @@ _LATEST = f"""(SELECT expires_at FROM {TABLE} WHERE {_IN_RANGE} AND base_key = ?
 _MOVED = f"(SELECT s.expires_at FROM {TABLE} AS s WHERE s.key = ?4)"
 SQLITE_PERMIT_FOLLOW = f"""
 UPDATE {TABLE} SET expires_at = CASE WHEN julianday({_MOVED}) >= julianday(expires_at)
-    THEN {_MOVED} ELSE {_LATEST} END
+    THEN {_MOVED} ELSE COALESCE({_LATEST}, {_MOVED}) END
 WHERE key = ?3 AND owner = {_PERMITS} AND {_LIVE}"""
+# (COALESCE: a slot moved to a 1 ms ttl may have expired by this statement's 'now', leaving no
+# live slot: the key's own row then ends with it.)
 # After a slot ended, or a batch renewed slots: the key's own row until the latest of its live
 # slots', or (none left: no row updated) ended as the last slot was.
 SQLITE_PERMIT_LATEST = f"""
