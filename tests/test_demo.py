@@ -42,7 +42,13 @@ def check_outcome(output: str) -> None:
     before, after = output.split("SIGKILL", 1)
     owners_before = set(re.findall(r"tick published by (shop-\d)'s beat", before))
     owners_after = set(re.findall(r"tick published by (shop-\d)'s beat", after))
-    assert owners_before == {killed[1]}  # one beat published every tick
+    # Every tick before the kill was published by one beat, the one killed; under a loaded
+    # machine's stalls its owner lease may once have passed to another beat before (CI saw it on
+    # SQLite: never a tick twice, which the demo checks itself).
+    before_ticks = re.findall(r"tick published by (shop-\d)'s beat", before)
+    assert before_ticks[-1] == killed[1]
+    handovers = sum(a != b for a, b in zip(before_ticks, before_ticks[1:]))
+    assert handovers <= 1 and len(owners_before) <= 2
     assert len(owners_after) == 1 and killed[1] not in owners_after  # another took over
     took = re.search(r"took the export over ([\d.]+)s after the kill", output)
     assert took is not None and float(took[1]) < 8
