@@ -117,6 +117,15 @@ class PermitGrant(NamedTuple):
     permit: int
 
 
+class TickRecord(NamedTuple):
+    """A key's tick record (:meth:`LockStore.recorded_tick`): the last tick a beat published."""
+
+    tick_ms: int
+    """The tick's scheduled time, milliseconds since the Unix epoch (UTC)."""
+    fencing_token: int
+    """The token of the lease that recorded it."""
+
+
 class LockStore:
     """A place every instance of a project shares, holding one lease per key.
 
@@ -287,6 +296,24 @@ class LockStore:
         An acquire that makes a new lease on the key (a new token) clears its request; the
         idempotent acquire of the same owner keeps it.
         """
+        raise NotImplementedError
+
+    # Tick records (version 3, optional): what beat writes for on_one_instance(catch_up=True).
+    supports_ticks: bool = False
+    """Whether the store offers :meth:`record_tick` and :meth:`recorded_tick` (a class attribute)."""
+
+    def record_tick(
+        self, key: str, owner: str, tick_ms: int, *, timeout: float | None = None
+    ) -> bool:
+        """In ONE atomic step, when ``owner`` holds the live plain lease on ``key``, write
+        ``TickRecord(tick_ms, its token)`` as the key's tick record, replacing any, and answer
+        True; otherwise False, nothing written. The record survives the lease's expiry, release
+        and later acquires by others (the beat taking the key over reads it after its acquire);
+        :meth:`clear` removes it, and :meth:`prune` with the key's row where rows are kept."""
+        raise NotImplementedError
+
+    def recorded_tick(self, key: str, *, timeout: float | None = None) -> TickRecord | None:
+        """The key's tick record, whoever wrote it; ``None`` when there is none."""
         raise NotImplementedError
 
     # Optional capabilities. A store without one leaves the method raising NotImplementedError;
