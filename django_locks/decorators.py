@@ -114,6 +114,7 @@ def on_one_instance(
     ttl: Duration | None = None,
     min_hold: Duration | None = None,
     max_hold: Duration | None = None,
+    catch_up: bool = False,
 ) -> JobDecorator: ...
 
 
@@ -123,6 +124,7 @@ def on_one_instance(
     ttl: Duration | None = None,
     min_hold: Duration | None = None,
     max_hold: Duration | None = None,
+    catch_up: bool = False,
 ) -> Any:
     """Run the decorated job on one instance: the owner of the lease ``<key>:owner``.
 
@@ -132,17 +134,22 @@ def on_one_instance(
     instance takes over within it. ``min_hold``: management commands only, how long after a run's
     start the lease stays taken (default ``LOCKS["MIN_HOLD"]``), so the same cron tick elsewhere
     skips. ``max_hold``: the longest one owner lease is held (``None``, the default: no limit;
-    ``LOCKS["MAX_HOLD"]`` never applies to owner leases). A skipped call logs, sends
-    ``run_skipped`` and returns ``None``. Usable bare (``@on_one_instance``) or called.
+    ``LOCKS["MAX_HOLD"]`` never applies to owner leases). ``catch_up``: Celery beat entries only,
+    each published tick is recorded first, and a beat taking over publishes the latest tick its
+    predecessor missed, once (without it, missed ticks are reported only). A skipped call logs,
+    sends ``run_skipped`` and returns ``None``. Usable bare (``@on_one_instance``) or called.
     """
     if callable(key):
         return on_one_instance()(key)
     _check_key_argument(key, suffix=OWNER_SUFFIX)
+    if not isinstance(catch_up, bool):
+        raise TypeError(f"`catch_up` must be True or False, got {catch_up!r}")
     spec = OnceSpec(
         key=key,
         ttl_ms=None if ttl is None else durations.ttl_ms(ttl),
         min_hold_ms=None if min_hold is None else durations.min_hold_ms(min_hold),
         max_hold_ms=durations.max_hold_ms(max_hold),
+        catch_up=catch_up,
     )
 
     def decorate(target: F) -> F:

@@ -26,6 +26,7 @@ class OnceSpec:
     ttl_ms: int | None
     min_hold_ms: int | None
     max_hold_ms: int | None = None
+    catch_up: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,11 +29,14 @@ AT_CAPACITY = "every permit is taken"
 NOT_REPLACED = "the running one did not stop in time"
 """The ``reason`` of ``run_skipped`` when a run with ``on_conflict="replace"`` waited for the
 preempted holder to let go of the key, and it did not."""
+MISSED = "the beat that owned it stopped before publishing this tick"
+"""The ``reason`` of ``run_skipped`` for a beat tick nobody published (``catch_up``)."""
 CODES = {
     ELSEWHERE: "elsewhere",
     IN_PROGRESS: "in_progress",
     AT_CAPACITY: "at_capacity",
     NOT_REPLACED: "not_replaced",
+    MISSED: "missed",
 }
 """The ``code`` of ``run_skipped`` (the metrics label) of each reason."""
 

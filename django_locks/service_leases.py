@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from typing import TYPE_CHECKING
 
 from django_locks.keys import MAX_KEY_LENGTH, validate_key
 from django_locks.slots import base_of
-from django_locks.stores.base import LeaseInfo, LockStore, check_older_than
+from django_locks.stores.base import LeaseInfo, LockStore, TickRecord, check_older_than
+
+if TYPE_CHECKING:
+    from django_locks.lock import Lock
 
 CLEARED_BY = "locks.clear()"
 """Who a lease freed by :meth:`LeaseQueries.clear` was force-released by, as the stores' own
@@ -30,6 +34,7 @@ class LeaseQueries:
 
     store: LockStore
     key_prefix: str
+    ttl_ms: int
 
     def leases(self, *, include_inactive: bool = False) -> list[LeaseInfo]:
         """The leases of this service's keys, held ones first then by key (as
@@ -110,6 +115,35 @@ class LeaseQueries:
                 f"({prefix!r}) alone: its prune() takes no `prefix`"
             )
         return store.prune(older_than_ms, dry_run=dry_run, prefix=prefix)  # type: ignore[call-arg]
+
+    # Tick records (beat's catch_up entries): the store's optional capability.
+
+    def _record_tick(self, lock: Lock, tick_ms: int) -> bool:
+        """Record ``tick_ms`` as the tick ``lock`` (an owner lease) publishes next: True once the
+        store confirmed it, False when the lease is no longer this holder's. One store call;
+        ``ImproperlyConfigured`` for a store without tick records."""
+        if not self.store.supports_ticks:
+            from django.core.exceptions import ImproperlyConfigured
+
+            raise ImproperlyConfigured(
+                f"on_one_instance(catch_up=True) needs a store that records ticks, and "
+                f"{self.store} does not (an optional capability of the store contract): use "
+                f"the database, Redis or in-memory store, or catch_up=False"
+            )
+        key = lock._keeper.lease_key
+        return self.store.record_tick(key, lock.owner, tick_ms, timeout=self._ticks_timeout())
+
+    def _recorded_tick(self, key: str) -> TickRecord | None:
+        """The tick record of ``key`` (without the prefix); ``None`` when there is none or the
+        store does not record ticks. One store call."""
+        if not self.store.supports_ticks:
+            return None
+        return self.store.recorded_tick(self._prefixed(key), timeout=self._ticks_timeout())
+
+    def _ticks_timeout(self) -> float:
+        from django_locks.policy import POLICY
+
+        return POLICY.acquire_timeout(self.ttl_ms)
 
     def _prefixed(self, key: object) -> str:
         """``key`` as the store knows it (the prefix prepended), checked before any I/O."""

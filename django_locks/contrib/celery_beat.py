@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django_locks import process
+from django_locks.contrib.celery_ticks import MissedTicks
 from django_locks.exceptions import LocksError
 from django_locks.holders import Holder
 from django_locks.job import OWNER_SUFFIX, JobSpec, job_spec
@@ -33,6 +34,9 @@ HEADER_SCHEDULED = "django_locks_scheduled"
 """When beat published the tick (ISO 8601, UTC)."""
 HEADER_BEAT = "django_locks_beat"
 """The beat process that published it, ``host:pid``."""
+HEADER_CATCH_UP = "django_locks_catch_up"
+"""``"1"`` on a missed tick published late by the beat that took its entry over (``catch_up``);
+its ``django_locks_scheduled`` is the tick's own time."""
 
 HANDBACK_GRACE = 1.0
 """Seconds a stopping beat keeps a lease after it last published under it. Every beat wakes for
@@ -94,10 +98,14 @@ class BeatGuard:
         self.refused: dict[str, tuple[str, float]] = {}  # entry -> (its error, when logged)
         self.now: Callable[[], float] = time.monotonic  # when refusals were logged
         self.holder = process.holder()
+        self.missed = MissedTicks(self)
         self._apply_entry = scheduler.apply_entry
         self._close = scheduler.close
+        self._tick = getattr(scheduler, "tick", None)  # every Celery scheduler has one
         scheduler.apply_entry = self.apply_entry
         scheduler.close = self.close
+        if self._tick is not None:
+            scheduler.tick = self.tick
 
     @property
     def owned(self) -> dict[str, Lock]:
@@ -164,6 +172,15 @@ class BeatGuard:
                 entry.task,
                 spec.owner_template(task.name) + OWNER_SUFFIX,
             )
+            if spec.once.catch_up and not self.locks.store.supports_ticks:
+                logger.warning(
+                    "Beat entry %r: task %r has catch_up=True, but %s does not record ticks: "
+                    "its missed ticks are reported, never published late. Use the database, "
+                    "Redis or in-memory store for catch_up.",
+                    name,
+                    entry.task,
+                    self.locks.store,
+                )
 
     def lead(self) -> bool:
         """Whether this beat leads; campaign (one store call) when it does not."""
@@ -211,6 +228,7 @@ class BeatGuard:
         """
         name = _entry_name(entry)
         headers: dict[str, Any] = {}
+        scheduled: float | None = None
         try:
             if self.leader_mode:
                 if not self.lead():
@@ -235,8 +253,10 @@ class BeatGuard:
                     )
                     return None
                 label = spec.owner_template(task.name)
+                was_held = self.leases.held(key) is not None
                 lock = self.owner_lease(key, spec, label)
                 if not isinstance(lock, Lock):
+                    self.missed.skipped(key, entry, spec, label, lock)
                     skipped(
                         entry.task,
                         key,
@@ -248,7 +268,19 @@ class BeatGuard:
                     )
                     self.refused.pop(name, None)
                     return None
+                if not was_held:
+                    self.missed.took(key, lock)
                 headers = {HEADER_KEY: key, HEADER_TOKEN: lock.fencing_token}
+                if spec.once.catch_up and self.locks.store.supports_ticks:
+                    scheduled = self.missed.wall()
+                    if not self.record_tick(lock, int(scheduled * 1000)):
+                        logger.warning(
+                            "Not publishing %s: its owner lease %r is no longer this beat's "
+                            "(the tick could not be recorded); the beat holding it publishes",
+                            entry.task,
+                            key,
+                        )
+                        return None
         except LocksError as exc:
             # Never fail open: without an answer from the store this beat does not publish.
             logger.error("Not publishing %s: the lock store failed (%s)", entry.task, exc)
@@ -266,7 +298,25 @@ class BeatGuard:
             return None
         if self.refused.pop(name, None) is not None:
             logger.info("Beat entry %r (task %r) is published again", name, entry.task)
-        headers[HEADER_SCHEDULED] = datetime.datetime.now(datetime.UTC).isoformat()
+        return self._publish(entry, producer, headers, scheduled)
+
+    def publish(
+        self, entry: Any, producer: Any, key: str, lock: Lock, scheduled: float, *, catch_up: bool
+    ) -> Any:
+        """Publish ``entry`` under the owner lease ``lock`` on ``key``, as the tick due at
+        ``scheduled`` (wall-clock seconds); ``catch_up``: a missed tick published late."""
+        headers: dict[str, Any] = {HEADER_KEY: key, HEADER_TOKEN: lock.fencing_token}
+        if catch_up:
+            headers[HEADER_CATCH_UP] = "1"
+        return self._publish(entry, producer, headers, scheduled)
+
+    def _publish(
+        self, entry: Any, producer: Any, headers: dict[str, Any], scheduled: float | None
+    ) -> Any:
+        moment = time.time() if scheduled is None else scheduled
+        headers[HEADER_SCHEDULED] = datetime.datetime.fromtimestamp(
+            moment, datetime.UTC
+        ).isoformat()
         headers[HEADER_BEAT] = self.holder
         reset = _publishing.set(headers)
         try:
@@ -275,6 +325,25 @@ class BeatGuard:
             _publishing.reset(reset)
             if HEADER_KEY in headers:
                 self.published[headers[HEADER_KEY]] = self.locks.clock.monotonic()
+
+    def record_tick(self, lock: Lock, tick_ms: int) -> bool:
+        """Record the tick about to be published under ``lock`` (a ``catch_up`` entry's): True
+        once the store confirmed it, False when the lease is no longer this beat's."""
+        return bool(self.locks._record_tick(lock, tick_ms))
+
+    def tick(self, *args: Any, **kwargs: Any) -> Any:
+        """The scheduler's ``tick()``, then the missed-ticks check; beat sleeps no longer than
+        until the next check."""
+        assert self._tick is not None
+        interval = self._tick(*args, **kwargs)
+        try:
+            self.missed.check()
+        except Exception:
+            logger.exception("django_locks' missed-ticks check failed; beat goes on")
+        due = self.missed.due()
+        if due is not None and isinstance(interval, int | float):
+            interval = min(interval, max(due, 0.01))
+        return interval
 
     def refuse(
         self,

@@ -300,7 +300,7 @@ class LockStore:
 
     # Tick records (version 3, optional): what beat writes for on_one_instance(catch_up=True).
     supports_ticks: bool = False
-    """Whether the store offers :meth:`record_tick` and :meth:`recorded_tick` (a class attribute)."""
+    """Whether the store offers :meth:`record_tick` and :meth:`recorded_tick` (class attribute)."""
 
     def record_tick(
         self, key: str, owner: str, tick_ms: int, *, timeout: float | None = None
