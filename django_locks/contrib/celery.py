@@ -45,6 +45,7 @@ from django_locks.contrib import celery_compat
 from django_locks.contrib.celery_beat import (
     HANDBACK_GRACE,
     HEADER_BEAT,
+    HEADER_CATCH_UP,
     HEADER_KEY,
     HEADER_SCHEDULED,
     HEADER_TOKEN,
@@ -59,6 +60,7 @@ from django_locks.contrib.celery_beat import (
 __all__ = [
     "HANDBACK_GRACE",
     "HEADER_BEAT",
+    "HEADER_CATCH_UP",
     "HEADER_KEY",
     "HEADER_SCHEDULED",
     "HEADER_TOKEN",
