@@ -42,8 +42,9 @@ MAX_WATCHED = 100
 CHECK_MARGIN = 0.05
 """Seconds after the holder's lease should have expired before taking it over is tried."""
 PUBLISH_WINDOW = 1.0
-"""Seconds within which a beat publishes a tick after recording it: a predecessor that last
-renewed later than that after its record lived to publish it."""
+"""Seconds within which a beat publishes a tick after recording it (a tenth of the ttl when that
+is shorter): a predecessor that last renewed later than that after its record lived to publish
+it."""
 DEFAULT_PERIOD = 60.0
 """The period assumed for an entry whose schedule names none and whose ticks this beat has not
 seen twice (a crontab's shortest): half of it is the tolerance between two beats' instants of
@@ -233,7 +234,7 @@ class MissedTicks:
     def maybe_unpublished(self, watched: Watched, recorded: float) -> None:
         """Log the record's own tick when the predecessor stopped right after recording it."""
         renewed = _renewed(watched.holder, watched.ttl)
-        if renewed is not None and renewed > recorded + PUBLISH_WINDOW:
+        if renewed is not None and renewed > recorded + min(PUBLISH_WINDOW, watched.ttl / 10):
             return  # it lived well past publishing it
         logger.warning(
             "Beat entry %r (task %r): its tick due %s was recorded, maybe not published: the "
@@ -255,12 +256,12 @@ class MissedTicks:
         if published is not None:
             outcome = f"the latest, due {_when(published)}, is published now (catch_up=True)"
         elif recorded:
-            outcome = "none is published again"
+            outcome = "none is published late (the store did not take the record)"
         else:
             outcome = (
-                "they are not published again: with on_one_instance(catch_up=True) each "
-                "published tick is recorded, and the beat taking over publishes the latest "
-                "missed one"
+                f"{'it is' if len(missed) == 1 else 'they are'} not published late: with "
+                "on_one_instance(catch_up=True) each published tick is recorded, and the beat "
+                "taking over publishes the latest missed one"
             )
         logger.warning(
             "Beat entry %r (task %r): %d tick%s due %s %s not published: the beat that held "
