@@ -50,6 +50,19 @@ class Lease(models.Model):
     # stale and ignored (an acquire making a new lease clears it). A previous release's process
     # never reads it.
     preempt_token = models.BigIntegerField(null=True, blank=True)
+    # New in 0.2.0 as well, nullable (migration 0007): the key's tick record (SPEC section 12,
+    # on_one_instance(catch_up=True)), the last tick a beat recorded under its owner lease and
+    # that lease's token. Written only by the owner of the row's live plain lease, and by no
+    # acquire, renewal or release, so it outlives that lease; deleted with the row by prune().
+    # A previous release's process never reads them.
+    tick_ms = models.BigIntegerField(
+        null=True,
+        blank=True,
+        help_text="The scheduled time of the last tick recorded, in ms since the Unix epoch (UTC)",
+    )
+    tick_token = models.BigIntegerField(
+        null=True, blank=True, help_text="The fencing token of the lease that recorded the tick"
+    )
 
     class Meta:
         db_table = "django_locks_lease"

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from django_locks.stores.base import PERMITS_OWNER, LeaseInfo, LockStore, PermitGrant, Slot
+from django_locks.stores.base import (
+    PERMITS_OWNER,
+    LeaseInfo,
+    LockStore,
+    PermitGrant,
+    Slot,
+    TickRecord,
+)
 
 if TYPE_CHECKING:
     from django_locks.stores.database import DatabaseStore
@@ -24,6 +31,7 @@ __all__ = [
     "PermitGrant",
     "RedisStore",
     "Slot",
+    "TickRecord",
 ]
 
 _LAZY = {

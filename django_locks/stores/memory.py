@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import threading
 import time
@@ -23,40 +22,12 @@ from django_locks.stores.base import (
     PermitGrant,
     ReleaseReason,
     Renewed,
+    TickRecord,
     check_older_than,
     holder_name,
 )
-
-# The longest expires_in a listing shows: a timedelta cannot hold more than 999,999,999 days, and a
-# lease taken with a huge ttl_ms (by a caller of the store itself) must not crash leases().
-_LONGEST = datetime.timedelta(days=999_999_998).total_seconds()
-
-
-@dataclasses.dataclass
-class _Lease:
-    owner: str
-    holder: str
-    token: int
-    acquired_at: datetime.datetime
-    expires_at: float  # on the store's clock, in seconds (a release moves it to then)
-    started: float  # the store's clock at acquired_at: expiry on the wall clock is from both
-    released: bool = False
-    described: Holder | None = None  # kind and detail (host and pid are in ``holder``)
-    ended: EndReason | None = None  # how it ended, or how it will (left to lapse)
-    ended_by: str | None = None
-    renewed_at: datetime.datetime | None = None
-    # The token a preempt request names: this lease's own, or None. A new lease on the key is a
-    # new _Lease (cleared); the idempotent acquire of the same owner keeps this one (kept).
-    preempt: int | None = None
-    # Permits: a slot records its base key, its permit and the key's permits value; the base
-    # key's own record (the summary, owner PERMITS_OWNER) records only the permits value.
-    permits: int | None = None
-    base: str | None = None
-    permit: int | None = None
-
-    @property
-    def is_summary(self) -> bool:
-        return self.permits is not None and self.base is None
+from django_locks.stores.memory_leases import MemoryLease, holder_of, lease_info
+from django_locks.stores.ticks import check_tick_ms
 
 
 class InMemoryStore(LockStore):
@@ -78,7 +49,8 @@ class InMemoryStore(LockStore):
         self._mutex = threading.Lock()
         self._released = threading.Condition(self._mutex)
         self._releases: dict[str, int] = {}  # per key: how many releases so far
-        self._leases: dict[str, _Lease] = {}
+        self._leases: dict[str, MemoryLease] = {}
+        self._ticks: dict[str, TickRecord] = {}  # per key, apart from its leases: they outlive them
         self._floor = 0  # the highest token of a pruned lease: every new token is above it
 
     def __str__(self) -> str:
@@ -87,13 +59,13 @@ class InMemoryStore(LockStore):
     def _now(self) -> float:
         return self._clock.monotonic() if self._clock is not None else time.monotonic()
 
-    def _live(self, key: str, now: float) -> _Lease | None:
+    def _live(self, key: str, now: float) -> MemoryLease | None:
         lease = self._leases.get(key)
         if lease is None or lease.released or lease.expires_at <= now:
             return None
         return lease
 
-    def _owned(self, key: str, owner: str, now: float) -> _Lease | None:
+    def _owned(self, key: str, owner: str, now: float) -> MemoryLease | None:
         """``owner``'s live lease on ``key``; a key's summary is nobody's to renew or end."""
         lease = self._live(key, now)
         if lease is None or lease.owner != owner or lease.is_summary:
@@ -126,12 +98,12 @@ class InMemoryStore(LockStore):
                 raise PermitsMismatchError(key, 1, lease.permits)
             if lease is not None:
                 if lease.owner != owner:
-                    return self._holder(lease, now)
+                    return holder_of(lease)
                 lease.expires_at = now + ttl_ms / 1000
                 lease.ended = None
                 return lease.token
             token = self._next_token(key)
-            self._leases[key] = _Lease(
+            self._leases[key] = MemoryLease(
                 owner=owner,
                 holder=holder.address if holder is not None else holder_name(),
                 token=token,
@@ -176,12 +148,12 @@ class InMemoryStore(LockStore):
                 else:
                     taken.append(slot)
             if free is None:
-                return self._holder(min(taken, key=lambda slot: slot.expires_at), now)
+                return holder_of(min(taken, key=lambda slot: slot.expires_at))
             name = f"{key}#{free}"
             token = self._next_token(key, name)
             acquired_at = datetime.datetime.now(datetime.UTC)
             expires_at = now + ttl_ms / 1000
-            self._leases[name] = _Lease(
+            self._leases[name] = MemoryLease(
                 owner=owner,
                 holder=holder.address,
                 token=token,
@@ -194,7 +166,7 @@ class InMemoryStore(LockStore):
                 permit=free,
             )
             if summary is None:
-                summary = self._leases[key] = _Lease(
+                summary = self._leases[key] = MemoryLease(
                     owner=PERMITS_OWNER,
                     holder=holder_name(),
                     token=token,
@@ -207,7 +179,7 @@ class InMemoryStore(LockStore):
             summary.expires_at = max(summary.expires_at, expires_at)
             return PermitGrant(token, free)
 
-    def _follow(self, slot: _Lease, now: float) -> None:
+    def _follow(self, slot: MemoryLease, now: float) -> None:
         """A slot's expiry moved: its key's summary lasts as long as its latest live slot
         (found among them all only when this one's moved earlier than the summary's)."""
         if slot.base is None:
@@ -218,7 +190,7 @@ class InMemoryStore(LockStore):
         else:
             summary.expires_at = max(s.expires_at for s in self._slots(slot.base, summary, now))
 
-    def _slots(self, base: str, summary: _Lease, now: float) -> list[_Lease]:
+    def _slots(self, base: str, summary: MemoryLease, now: float) -> list[MemoryLease]:
         """The live slots of ``base``, whose summary is ``summary``."""
         assert summary.permits is not None
         names = (f"{base}#{permit}" for permit in range(1, summary.permits + 1))
@@ -269,6 +241,23 @@ class InMemoryStore(LockStore):
             lease.preempt = lease.token
             return lease.token
 
+    supports_ticks = True
+
+    def record_tick(
+        self, key: str, owner: str, tick_ms: int, *, timeout: float | None = None
+    ) -> bool:
+        check_tick_ms(tick_ms)
+        with self._mutex:
+            lease = self._owned(key, owner, self._now())
+            if lease is None or lease.permits is not None:  # a permit's slot: never a tick's
+                return False
+            self._ticks[key] = TickRecord(tick_ms, lease.token)
+            return True
+
+    def recorded_tick(self, key: str, *, timeout: float | None = None) -> TickRecord | None:
+        with self._mutex:
+            return self._ticks.get(key)
+
     def release(self, key: str, owner: str, *, timeout: float | None = None) -> bool:
         return self.end(key, owner, "released")
 
@@ -282,7 +271,7 @@ class InMemoryStore(LockStore):
             self._end(key, lease, how)
             return True
 
-    def _end(self, key: str, lease: _Lease, how: EndReason, by: str | None = None) -> None:
+    def _end(self, key: str, lease: MemoryLease, how: EndReason, by: str | None = None) -> None:
         """End ``lease`` on ``key``; a slot's summary then lasts as long as its other live slots
         (ended with the last one). The notice is the base key's: waiters wait on it."""
         self._mark_released(lease.base or key, lease, how, by)
@@ -301,7 +290,7 @@ class InMemoryStore(LockStore):
     def _mark_released(
         self,
         notice: str,
-        lease: _Lease,
+        lease: MemoryLease,
         how: EndReason,
         by: str | None = None,
         *,
@@ -350,13 +339,14 @@ class InMemoryStore(LockStore):
             for key, lease in self._leases.items():
                 if not lease.released:
                     self._mark_released(lease.base or key, lease, "force released", "locks.clear()")
+            self._ticks.clear()
 
     keeps_ended_leases = True  # a released or expired lease stays, as its key's token floor
 
     def leases(self, *, include_inactive: bool = False) -> list[LeaseInfo]:
         with self._mutex:
             now = self._now()
-            listed = [self._info(key, lease, now) for key, lease in self._leases.items()]
+            listed = [lease_info(key, lease, now) for key, lease in self._leases.items()]
         listed = [info for info in listed if include_inactive or info.state == "held"]
         listed.sort(key=lambda info: (info.state != "held", info.key))
         return listed
@@ -364,7 +354,7 @@ class InMemoryStore(LockStore):
     def lease(self, key: str, *, include_inactive: bool = False) -> LeaseInfo | None:
         with self._mutex:
             lease = self._leases.get(key)
-            info = None if lease is None else self._info(key, lease, self._now())
+            info = None if lease is None else lease_info(key, lease, self._now())
         return info if info is not None and (include_inactive or info.state == "held") else None
 
     def prune(self, older_than_ms: int, *, dry_run: bool = False, prefix: str = "") -> int:
@@ -383,51 +373,5 @@ class InMemoryStore(LockStore):
                 for key in ended:
                     # The floor first: the pruned key starts over above every token it had.
                     self._floor = max(self._floor, self._leases.pop(key).token)
+                    self._ticks.pop(key, None)  # with the key's record, as rows are pruned
             return len(ended)
-
-    @staticmethod
-    def _holder(lease: _Lease, now: float) -> Holder:
-        """The lease's holder as people read it, ``expires_at`` on the wall clock (the same
-        in every listing: counted from ``acquired_at``)."""
-        try:
-            expires_at = lease.acquired_at + datetime.timedelta(
-                seconds=min(lease.expires_at - lease.started, _LONGEST)
-            )
-        except OverflowError:  # a ttl beyond the year 9999, from a caller of the store itself
-            expires_at = datetime.datetime.max.replace(tzinfo=datetime.UTC)
-        described = lease.described
-        return Holder.parse(
-            lease.holder,
-            kind=described.kind if described is not None else None,
-            detail=described.detail if described is not None else None,
-            since=lease.acquired_at,
-            expires_at=expires_at,
-        )
-
-    @classmethod
-    def _info(cls, key: str, lease: _Lease, now: float) -> LeaseInfo:
-        ended: EndReason | None
-        if lease.released:
-            state, expires_in, ended = "released", None, lease.ended
-        elif lease.expires_at > now:
-            state, ended = "held", None
-            expires_in = datetime.timedelta(seconds=min(lease.expires_at - now, _LONGEST))
-        else:
-            state, ended = "expired", lease.ended or "expired"
-            expires_in = datetime.timedelta(seconds=lease.expires_at - now)
-        holder = cls._holder(lease, now)
-        return LeaseInfo(
-            key=key,
-            state=state,  # type: ignore[arg-type]
-            owner=lease.owner,
-            holder=str(holder),
-            fencing_token=lease.token,
-            acquired_at=lease.acquired_at,
-            expires_in=expires_in,
-            holder_info=holder,
-            ended=ended,
-            ended_by=lease.ended_by,
-            last_renewed=lease.renewed_at,
-            permit=lease.permit,
-            permits=lease.permits,
-        )

@@ -29,17 +29,19 @@ from django_locks.testing.harness import POLL_LIMIT, WEEK_MS, new_owner
 from django_locks.testing.holder_cases import HolderCases
 from django_locks.testing.permit_cases import PermitCases
 from django_locks.testing.preempt_cases import PreemptCases
+from django_locks.testing.tick_cases import TickCases
 
 
-class LockStoreContract(OptionalCapabilityCases, PreemptCases, HolderCases, PermitCases):
+class LockStoreContract(OptionalCapabilityCases, PreemptCases, TickCases, HolderCases, PermitCases):
     """The store contract of ``django_locks.stores.base.LockStore``, checked on ``make_store()``.
 
     The required rules are checked here; the optional capabilities' cases come from
     :class:`~django_locks.testing.capabilities.OptionalCapabilityCases` and
     :class:`~django_locks.testing.holder_cases.HolderCases`,
-    :class:`~django_locks.testing.permit_cases.PermitCases` and
-    :class:`~django_locks.testing.preempt_cases.PreemptCases` and skip themselves on a store
-    without the capability.
+    :class:`~django_locks.testing.permit_cases.PermitCases`,
+    :class:`~django_locks.testing.preempt_cases.PreemptCases` and
+    :class:`~django_locks.testing.tick_cases.TickCases` and skip themselves on a store without
+    the capability.
     """
 
     databases = "__all__"

@@ -11,6 +11,7 @@ from django.utils.connection import ConnectionDoesNotExist
 
 from django_locks.exceptions import StoreError
 from django_locks.stores.database.operations import (
+    ADDED_COLUMNS,
     FUNCTIONS,
     FUNCTIONS_MIGRATION,
     HOLDER_COLUMNS,
@@ -19,6 +20,7 @@ from django_locks.stores.database.operations import (
     PREEMPT_MIGRATION,
     SEQUENCE,
     TABLE,
+    TICK_COLUMNS,
 )
 from django_locks.stores.database.pools import DIALECTS
 
@@ -117,7 +119,7 @@ def _functions(missing: list[str], migration: str) -> list[str]:
 def missing_text(missing: list[str]) -> tuple[str, bool]:
     """What ``missing_schema()`` found missing, in words, and whether that is plural."""
     parts = [name for name in (TABLE, SEQUENCE) if name in missing]
-    columns = [name for name in missing if name in (*HOLDER_COLUMNS, *PREEMPT_COLUMNS)]
+    columns = [name for name in missing if name in ADDED_COLUMNS]
     if columns:
         parts.append(f"column{'s' * (len(columns) > 1)} {', '.join(columns)} of {TABLE}")
     functions = [name for migration in FUNCTIONS for name in _functions(missing, migration)]
@@ -160,14 +162,24 @@ def repair_hint(missing: list[str], using: str, recreate_sequence: str) -> str:
             f"`manage.py migrate django_locks{database}`: this adds the column and creates the "
             "SQL functions again."
         )
+    ticks = [name for name in missing if name in TICK_COLUMNS]
+    if ticks:
+        # 0007's columns (a dump from before it, or one dropped): added back as 0007 adds them,
+        # in SQL, since applying 0007 again fails on a column still there. They hold nothing a
+        # token depends on. Whatever else is missing is brought back after them.
+        sql = " ".join(f"ALTER TABLE {TABLE} ADD COLUMN {name} bigint NULL;" for name in ticks)
+        first = f"In `manage.py dbshell{database}`, run `{sql}`"
+        rest = [name for name in missing if name not in TICK_COLUMNS]
+        return f"{first} Then: {repair_hint(rest, using, recreate_sequence)}" if rest else first
     preempt = _functions(missing, PREEMPT_MIGRATION)
     if len(preempt) == len(missing):
         # Only 0006's: unapplied for real (it drops its functions and its column, which holds
-        # only the current preempt requests) and applied again.
+        # only the current preempt requests; 0007 before it, its columns the tick records) and
+        # applied again.
         return (
             f"Run `manage.py migrate django_locks 0005{database}`, then `manage.py migrate "
             f"django_locks{database}`: this creates the SQL functions again (current preempt "
-            "requests are dropped, never a fencing token)."
+            "requests and tick records are dropped, never a fencing token)."
         )
     if len(preempt) + len(_functions(missing, PERMITS_MIGRATION)) == len(missing):
         # Only 0005's (and 0006's): unapplied for real (they drop only their own functions, and

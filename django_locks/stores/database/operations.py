@@ -38,6 +38,7 @@ FUNCTIONS_MIGRATION = "0002_sql_functions"
 HOLDERS_MIGRATION = "0003_holders_and_ends"
 PERMITS_MIGRATION = "0005_permit_functions"
 PREEMPT_MIGRATION = "0006_preempt"
+TICKS_MIGRATION = "0007_ticks"
 MIGRATED = f"SELECT name FROM {RECORDER} WHERE app = 'django_locks'"
 
 HOLDER_COLUMNS = (
@@ -51,6 +52,11 @@ HOLDER_COLUMNS = (
 """The columns migration 0003 adds (all nullable: a 0.1.0 process writes none of them)."""
 PREEMPT_COLUMNS = ("preempt_token",)
 """The column migration 0006 adds (nullable too)."""
+TICK_COLUMNS = ("tick_ms", "tick_token")
+"""The columns migration 0007 adds (nullable too), the key's tick record."""
+ADDED_COLUMNS = (*HOLDER_COLUMNS, *PREEMPT_COLUMNS, *TICK_COLUMNS)
+"""The columns of 0003, 0006 and 0007 (W102 names those missing; a call meeting one missing
+says to migrate)."""
 
 FUNCTIONS = {
     FUNCTIONS_MIGRATION: (
@@ -167,6 +173,15 @@ class Operations:
     def leave(self, cursor: Any, key: str, owner: str, ttl_ms: int, how: LeaveReason) -> bool:
         raise NotImplementedError
 
+    def record_tick(self, cursor: Any, key: str, owner: str, tick_ms: int) -> bool:
+        """Whether ``tick_ms`` was recorded, with the token of ``owner``'s live plain lease on
+        ``key`` (one statement, judged by the renewals' rule); nothing written otherwise."""
+        raise NotImplementedError
+
+    def recorded_tick(self, cursor: Any, key: str) -> tuple[int, int] | None:
+        """The tick record of ``key``'s row, ``(tick_ms, tick_token)``, or None."""
+        raise NotImplementedError
+
     supports_permits = False
     """Whether the dialect offers permits (``acquire_permit`` and the ``Slot`` rules of the
     other operations, which are given the ``Slot`` itself as their key)."""
@@ -230,9 +245,9 @@ def schema_missing(
     functions: set[str],
 ) -> list[str]:
     """What of the store's schema is missing although the migration making it is recorded in
-    ``applied``: the table, the token source, 0003's columns and the SQL functions (of
-    ``functions``, the signatures missing), each by its name. ``columns``: those the table has
-    (None when it is missing)."""
+    ``applied``: the table, the token source, 0003's, 0006's and 0007's columns and the SQL
+    functions (of ``functions``, the signatures missing), each by its name. ``columns``: those
+    the table has (None when it is missing)."""
     if not applied:
         return []
     missing = [name for name, gone in ((TABLE, table), (SEQUENCE, sequence)) if gone]
@@ -240,6 +255,8 @@ def schema_missing(
         missing += [column for column in HOLDER_COLUMNS if column not in columns]
     if columns is not None and PREEMPT_MIGRATION in applied:
         missing += [column for column in PREEMPT_COLUMNS if column not in columns]
+    if columns is not None and TICKS_MIGRATION in applied:
+        missing += [column for column in TICK_COLUMNS if column not in columns]
     for migration, signatures in FUNCTIONS.items():
         if migration in applied:
             missing += [sig.partition("(")[0] for sig in signatures if sig in functions]

@@ -167,8 +167,8 @@ class Pools:
         if self.ops.missing_column(exc):
             return (
                 f" The lock store's table in the database {self.using!r} lacks the columns of "
-                "this release's migrations (0003_holders_and_ends, 0004_permits, 0006_preempt): "
-                f"run `manage.py migrate django_locks --database {self.using}`."
+                "this release's migrations (0003_holders_and_ends, 0004_permits, 0006_preempt, "
+                f"0007_ticks): run `manage.py migrate django_locks --database {self.using}`."
             )
         return ""
 

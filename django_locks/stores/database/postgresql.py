@@ -18,10 +18,9 @@ from django_locks.stores.base import (
     Slot,
 )
 from django_locks.stores.database.operations import (
-    HOLDER_COLUMNS,
+    ADDED_COLUMNS,
     MIGRATED,
     PERMITS_MIGRATION,
-    PREEMPT_COLUMNS,
     PREEMPT_MIGRATION,
     SEQUENCE,
     HolderRow,
@@ -48,6 +47,7 @@ from django_locks.stores.database.postgresql_sql import (
     PG_ACQUIRE_AS,
     PG_ACQUIRE_AS_CALL,
     PG_CLEAR,
+    PG_CLEAR_TICKS,
     PG_END,
     PG_END_CALL,
     PG_FORCE_END,
@@ -65,6 +65,8 @@ from django_locks.stores.database.postgresql_sql import (
     PG_PRUNE_FLOOR,
     PG_PRUNE_GUARD,
     PG_PRUNE_LOCK,
+    PG_RECORD_TICK,
+    PG_RECORDED_TICK,
     PG_RENEW,
     PG_RENEW_MANY,
     PG_WARP,
@@ -237,6 +239,15 @@ class PostgreSQLOperations(Operations):
         token = cursor.fetchone()[0]
         return None if token is None else int(token)
 
+    def record_tick(self, cursor: Any, key: str, owner: str, tick_ms: int) -> bool:
+        cursor.execute(PG_RECORD_TICK, (tick_ms, str(key), owner))
+        return bool(cursor.rowcount == 1)
+
+    def recorded_tick(self, cursor: Any, key: str) -> tuple[int, int] | None:
+        cursor.execute(PG_RECORDED_TICK, (str(key),))
+        row = cursor.fetchone()
+        return None if row is None else (int(row[0]), int(row[1]))
+
     def end(self, cursor: Any, key: str, owner: str, how: ReleaseReason) -> bool:
         if isinstance(key, Slot):
             self._call_permits(cursor, PG_END_SLOT_CALL, (key.base, str(key), owner, how))
@@ -343,7 +354,9 @@ class PostgreSQLOperations(Operations):
 
     def clear(self, cursor: Any) -> int:
         cursor.execute(PG_CLEAR)
-        return int(cursor.rowcount)
+        freed = int(cursor.rowcount)
+        cursor.execute(PG_CLEAR_TICKS)
+        return freed
 
     def warp(self, cursor: Any, delta_ms: int) -> None:
         cursor.execute(PG_WARP, (delta_ms,))
@@ -396,7 +409,7 @@ class PostgreSQLOperations(Operations):
         cursor.execute(PG_MISSING)
         table_missing, sequence_missing, recorder, columns, *functions = cursor.fetchone()
         gone = dict(zip(SIGNATURES, functions, strict=True))
-        lacking = not table_missing and not {*HOLDER_COLUMNS, *PREEMPT_COLUMNS} <= set(columns)
+        lacking = not table_missing and not set(ADDED_COLUMNS) <= set(columns)
         if recorder is None or not (
             table_missing or sequence_missing or lacking or any(gone.values())
         ):

@@ -225,6 +225,25 @@ UPDATE {TABLE} AS lease SET expires_at = {_expiry("%s")}, end_reason = %s
 WHERE lease.key = %s AND lease.owner = %s AND {_LIVE}
 """
 
+# Tick records (migration 0007): the owner of the key's live plain lease (never a permit's slot,
+# whose row names its base, nor a key's own record under permits) records a tick with that
+# lease's token, judged as PG_RENEW judges (_LIVE, on the row the UPDATE locked). No other
+# statement or function writes the two columns: every acquire's upsert names the columns it
+# sets, so the record outlives the lease and the acquires of other owners.
+PG_RECORD_TICK = f"""
+UPDATE {TABLE} AS lease SET tick_ms = %s::bigint, tick_token = lease.fencing_token
+WHERE lease.key = %s AND lease.owner = %s AND lease.owner <> '{PERMITS_OWNER}'
+    AND lease.base_key IS NULL AND {_LIVE}
+"""
+PG_RECORDED_TICK = f"""
+SELECT tick_ms, tick_token FROM {TABLE}
+WHERE key = %s AND tick_ms IS NOT NULL AND tick_token IS NOT NULL
+"""
+# The testing reset (clear()) removes every record, after freeing every lease.
+PG_CLEAR_TICKS = f"""
+UPDATE {TABLE} SET tick_ms = NULL, tick_token = NULL
+WHERE tick_ms IS NOT NULL OR tick_token IS NOT NULL"""
+
 
 def _notifying(update: str) -> str:
     # The release and its notice are one statement: waiters hear of every release (delivered at

@@ -21,9 +21,8 @@ from django_locks.stores.base import (
     Slot,
 )
 from django_locks.stores.database.operations import (
-    HOLDER_COLUMNS,
+    ADDED_COLUMNS,
     MIGRATED,
-    PREEMPT_COLUMNS,
     RECORDER,
     SEQUENCE,
     TABLE,
@@ -36,6 +35,7 @@ from django_locks.stores.database.sqlite_atomic import OwnTransaction, open_tran
 from django_locks.stores.database.sqlite_sql import (
     SQLITE_ACQUIRE_AS,
     SQLITE_CLEAR,
+    SQLITE_CLEAR_TICKS,
     SQLITE_COLUMNS,
     SQLITE_END,
     SQLITE_FORCE_END,
@@ -63,6 +63,8 @@ from django_locks.stores.database.sqlite_sql import (
     SQLITE_PRUNE_DELETE_PREFIXED,
     SQLITE_PRUNE_FLOOR,
     SQLITE_RAISE_FLOOR,
+    SQLITE_RECORD_TICK,
+    SQLITE_RECORDED_TICK,
     SQLITE_RENEW,
     SQLITE_TABLES,
     SQLITE_TOKEN,
@@ -146,9 +148,7 @@ class SQLiteOperations(Operations):
     def missing_column(self, exc: BaseException) -> bool:
         # "table ... has no column named holder_kind", "no such column: excluded.holder_kind"
         text = str(exc)
-        return "column" in text and any(
-            column in text for column in (*HOLDER_COLUMNS, *PREEMPT_COLUMNS)
-        )
+        return "column" in text and any(column in text for column in ADDED_COLUMNS)
 
     def acquire_as(
         self,
@@ -262,6 +262,14 @@ class SQLiteOperations(Operations):
         cursor.execute(SQLITE_PREEMPT, (key,))
         return int(cursor.execute(SQLITE_TOKEN, (key,)).fetchone()[0])
 
+    def record_tick(self, cursor: Any, key: str, owner: str, tick_ms: int) -> bool:
+        cursor.execute(SQLITE_RECORD_TICK, (tick_ms, str(key), owner))
+        return bool(cursor.rowcount == 1)
+
+    def recorded_tick(self, cursor: Any, key: str) -> tuple[int, int] | None:
+        row = cursor.execute(SQLITE_RECORDED_TICK, (str(key),)).fetchone()
+        return None if row is None else (int(row[0]), int(row[1]))
+
     def leave(self, cursor: Any, key: str, owner: str, ttl_ms: int, how: LeaveReason) -> bool:
         cursor.execute(SQLITE_LEAVE, (offset(ttl_ms), how, key, owner))
         left = bool(cursor.rowcount == 1)
@@ -292,7 +300,9 @@ class SQLiteOperations(Operations):
 
     def clear(self, cursor: Any) -> int:
         cursor.execute(SQLITE_CLEAR)
-        return int(cursor.rowcount)
+        freed = int(cursor.rowcount)
+        cursor.execute(SQLITE_CLEAR_TICKS)
+        return freed
 
     def warp(self, cursor: Any, delta_ms: int) -> None:
         cursor.execute(SQLITE_WARP, (f"-{delta_ms / 1000:.3f} seconds",))
@@ -331,7 +341,7 @@ class SQLiteOperations(Operations):
         columns = (
             {row[0] for row in cursor.execute(SQLITE_COLUMNS, (TABLE,))} if TABLE in found else None
         )
-        lacking = columns is not None and not {*HOLDER_COLUMNS, *PREEMPT_COLUMNS} <= columns
+        lacking = columns is not None and not set(ADDED_COLUMNS) <= columns
         if RECORDER not in found or not (TABLE not in found or SEQUENCE not in found or lacking):
             return []
         applied = {row[0] for row in cursor.execute(MIGRATED)}

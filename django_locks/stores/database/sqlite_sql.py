@@ -69,6 +69,21 @@ SQLITE_LEAVE = f"""
 UPDATE {TABLE} SET expires_at = {_EXPIRY}, end_reason = ? WHERE key = ? AND owner = ? AND {_LIVE}
 """
 
+# Tick records (migration 0007): the owner of the key's live plain lease (never a permit's slot,
+# nor a key's own record) records a tick with its token, judged as SQLITE_RENEW judges; no other
+# statement writes the two columns (the upserts name theirs), so the record outlives the lease.
+SQLITE_RECORD_TICK = f"""
+UPDATE {TABLE} SET tick_ms = ?, tick_token = fencing_token
+WHERE key = ? AND owner = ? AND owner <> {_PERMITS} AND base_key IS NULL AND {_LIVE}
+"""
+SQLITE_RECORDED_TICK = f"""
+SELECT tick_ms, tick_token FROM {TABLE}
+WHERE key = ? AND tick_ms IS NOT NULL AND tick_token IS NOT NULL
+"""
+SQLITE_CLEAR_TICKS = f"""
+UPDATE {TABLE} SET tick_ms = NULL, tick_token = NULL
+WHERE tick_ms IS NOT NULL OR tick_token IS NOT NULL"""
+
 
 # A lease ends recording how and by whom; one a 0.1.0 process took (other token) is described
 # from here on as what is known of it: no kind, detail or renewal, this end.

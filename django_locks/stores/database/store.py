@@ -24,6 +24,7 @@ from django_locks.stores.base import (
     PermitGrant,
     ReleaseReason,
     Renewed,
+    TickRecord,
     check_older_than,
     holder_name,
 )
@@ -32,6 +33,7 @@ from django_locks.stores.database.listener import Listener
 from django_locks.stores.database.operations import holder_of, lease_info
 from django_locks.stores.database.pools import Pools
 from django_locks.stores.database.teardown import track
+from django_locks.stores.ticks import check_tick_ms
 
 RELEASE_REASONS: tuple[ReleaseReason, ...] = get_args(ReleaseReason)
 LEAVE_REASONS: tuple[LeaveReason, ...] = get_args(LeaveReason)
@@ -231,6 +233,25 @@ class DatabaseStore(LockStore):
     def preempt(self, key: str, *, timeout: float | None = None) -> int | None:
         pools = self._pools
         return pools.run(pools.ops.preempt, (key,), timeout, renewal=False)
+
+    # Tick records (migration 0007): two nullable columns of the key's row, written by one
+    # UPDATE of the owner's live plain lease (the renewals' liveness rule, on the database's
+    # clock) and by no other statement, so a record outlives its lease and the acquires of
+    # other owners; prune() deletes it with the row.
+
+    supports_ticks = True
+
+    def record_tick(
+        self, key: str, owner: str, tick_ms: int, *, timeout: float | None = None
+    ) -> bool:
+        check_tick_ms(tick_ms)
+        pools = self._pools
+        return pools.run(pools.ops.record_tick, (key, owner, tick_ms), timeout, renewal=False)
+
+    def recorded_tick(self, key: str, *, timeout: float | None = None) -> TickRecord | None:
+        pools = self._pools
+        row = pools.run(pools.ops.recorded_tick, (key,), timeout, renewal=False, write=False)
+        return None if row is None else TickRecord(*row)
 
     # Optional capabilities.
 

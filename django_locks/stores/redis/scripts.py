@@ -295,20 +295,22 @@ class Names(NamedTuple):
     two_keys: bytes  # lease and fence in RESP: the KEYS of acquire and renew
     three_keys: bytes  # lease, fence and the wake-up list in RESP: the KEYS of release
     key: bytes  # the key itself in RESP
+    tick: bytes  # the key's tick record (scripts_ticks.py)
 
 
 @functools.lru_cache(maxsize=4096)
 def names(prefix: str, key: str) -> Names:
-    """The names of ``key``'s lease, fencing counter and wake-up list.
+    """The names of ``key``'s lease, fencing counter, wake-up list and tick record.
 
     The hash tag is a digest, so braces or any other character in a key cannot move the tag, and
-    the three always share one Cluster slot. 128 bits: even a collision would only make two keys
+    the four always share one Cluster slot. 128 bits: even a collision would only make two keys
     contend; the shared counter still only grows."""
     tag = hashlib.sha256(key.encode()).hexdigest()[:32]
     base = f"{prefix}:{{{tag}}}:".encode()
     lease, fence, released = base + b"lease", base + b"fence", base + b"released"
     two = bulk(lease) + bulk(fence)
-    return Names(lease, fence, released, two, two + bulk(released), bulk(key.encode()))
+    three = two + bulk(released)
+    return Names(lease, fence, released, two, three, bulk(key.encode()), base + b"tick")
 
 
 def siblings(lease: bytes) -> tuple[bytes, bytes]:

@@ -25,14 +25,17 @@ from django_locks.stores.base import (
     ReleaseReason,
     Renewed,
     Slot,
+    TickRecord,
     check_older_than,
     holder_name,
 )
 from django_locks.stores.redis import checks, options, replies, scripts
 from django_locks.stores.redis import scripts_permits as permit_scripts
 from django_locks.stores.redis import scripts_preempt as preempt_scripts
+from django_locks.stores.redis import scripts_ticks as tick_scripts
 from django_locks.stores.redis.cluster import Node
 from django_locks.stores.redis.wire import Calls, Connections
+from django_locks.stores.ticks import check_tick_ms
 
 logger = logging.getLogger("django_locks")
 
@@ -219,6 +222,26 @@ class RedisStore(Calls, LockStore):
         reply = self._routed(names.lease, command, timeout, preempt_scripts.PREEMPT)
         return None if reply is None else int(reply)
 
+    supports_ticks = True
+    """A key's tick record is a string next to its lease under the same hash tag, with no
+    expiry, which no script of a lease touches (``scripts_ticks``)."""
+
+    def record_tick(
+        self, key: str, owner: str, tick_ms: int, *, timeout: float | None = None
+    ) -> bool:
+        """One script call: the owner's live plain lease found and its token recorded with
+        ``tick_ms`` in the same step."""
+        check_tick_ms(tick_ms)
+        names = scripts.names(self.prefix, key)
+        command = tick_scripts.record_tick_call(names, owner, tick_ms)
+        return bool(self._routed(names.lease, command, timeout, tick_scripts.RECORD_TICK) == 1)
+
+    def recorded_tick(self, key: str, *, timeout: float | None = None) -> TickRecord | None:
+        """One GET of the key's record."""
+        names = scripts.names(self.prefix, key)
+        reply = self._routed(names.tick, tick_scripts.recorded_tick_call(names), timeout, None)
+        return tick_scripts.tick_record(reply, names.tick)
+
     def release(self, key: str, owner: str, *, timeout: float | None = None) -> bool:
         if isinstance(key, Slot):
             slot, base = permit_scripts.slot_names(self.prefix, key.base, key.permit)
@@ -334,8 +357,12 @@ class RedisStore(Calls, LockStore):
         return 0
 
     def clear(self) -> None:
+        """Frees every lease under the prefix (keeping the counters) and deletes every tick
+        record."""
         for name in self._scan_leases():
             self._force_release(name)
+        for name in self._scan(tick_scripts.tick_pattern(self.prefix)):
+            self._routed(name, scripts.pack("DEL", name), None, None)
 
     def force_release(self, key: str) -> bool:
         """Frees the key's plain lease, or its record and every slot of it; a slot's key
@@ -362,8 +389,10 @@ class RedisStore(Calls, LockStore):
         return bool(self._routed(lease, command, None, permit_scripts.FORCE_END) == 1)
 
     def _scan_leases(self, *, slots: bool = False) -> Iterator[bytes]:
+        return self._scan(scripts.lease_pattern(self.prefix, slots=slots))
+
+    def _scan(self, pattern: str) -> Iterator[bytes]:
         # Each master lists its own keys; the calls on a key are routed (MOVED-safe) anyway.
-        pattern = scripts.lease_pattern(self.prefix, slots=slots)
         for node in self._primaries(self._deadline(None)):
             cursor: bytes | int = b"0"
             while True:

@@ -358,8 +358,11 @@ class Calls:
         pool = process.pools.get((kind, node))
         return pool if pool is not None else process.pool(kind, node)
 
-    def _routed(self, name: bytes, command: bytes, timeout: float | None, script: Script) -> Any:
-        """``command`` (a ``script`` call on the key named ``name``) on the server serving it."""
+    def _routed(
+        self, name: bytes, command: bytes, timeout: float | None, script: Script | None
+    ) -> Any:
+        """``command`` (a ``script`` call on the key named ``name``, or with ``None`` a plain
+        command on it) on the server serving it."""
         deadline = self._deadline(timeout)
         if not self.cluster:
             return self._pool(None).call(command, deadline, script)
