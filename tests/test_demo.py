@@ -4,6 +4,7 @@ test runs it as the README says and checks what it printed too."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import subprocess
@@ -47,7 +48,7 @@ def check_outcome(output: str) -> None:
     # SQLite: never a tick twice, which the demo checks itself).
     before_ticks = re.findall(r"tick published by (shop-\d)'s beat", before)
     assert before_ticks[-1] == killed[1]
-    handovers = sum(a != b for a, b in zip(before_ticks, before_ticks[1:]))
+    handovers = sum(a != b for a, b in itertools.pairwise(before_ticks))
     assert handovers <= 1 and len(owners_before) <= 2
     assert len(owners_after) == 1 and killed[1] not in owners_after  # another took over
     took = re.search(r"took the export over ([\d.]+)s after the kill", output)
