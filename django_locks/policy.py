@@ -65,6 +65,13 @@ class RenewalPolicy:
 
     task_retry_max: float = 600.0
     """The longest wait before a task's retry (``on_conflict="retry"``): 10 minutes."""
+    takeover_margin: float = 0.05
+    """A standby beat tries to take over a lease it skipped ticks for 50 ms after the lease
+    should have expired (missed ticks)."""
+    publish_window_max: float = 1.0
+    publish_window_divisor: int = 10
+    """A beat publishes a tick within min(1 s, ttl / 10) of recording it: a predecessor that
+    renewed later than that after its record lived to publish it."""
 
     def period(self, ttl: float) -> float:
         """Seconds from a renewal's send (or the acquire's) to the next renewal."""
@@ -115,6 +122,10 @@ class RenewalPolicy:
         """Seconds before a task's retry number ``retries + 1`` (``on_conflict="retry"``): a
         renewal period doubled at each retry, at most ``task_retry_max`` (jittered)."""
         return self.backoff(retries, cap=self.task_retry_max, first=self.period(ttl))
+
+    def publish_window(self, ttl: float) -> float:
+        """Seconds within which a beat publishes a tick it recorded (above)."""
+        return min(self.publish_window_max, ttl / self.publish_window_divisor)
 
     def head_start(self) -> float:
         """Seconds a Redis wait for a release notice that ran out waits more (above)."""

@@ -30,6 +30,7 @@ from django_locks.holders import Holder
 from django_locks.job import JobSpec
 from django_locks.lock import Lock
 from django_locks.ownership import MISSED, skipped
+from django_locks.policy import POLICY
 from django_locks.stores.base import TickRecord
 
 if TYPE_CHECKING:
@@ -39,12 +40,6 @@ logger = logging.getLogger("django_locks")
 
 MAX_WATCHED = 100
 """Skipped ticks remembered per entry (the latest): a nightly job needs one."""
-CHECK_MARGIN = 0.05
-"""Seconds after the holder's lease should have expired before taking it over is tried."""
-PUBLISH_WINDOW = 1.0
-"""Seconds within which a beat publishes a tick after recording it (a tenth of the ttl when that
-is shorter): a predecessor that last renewed later than that after its record lived to publish
-it."""
 DEFAULT_PERIOD = 60.0
 """The period assumed for an entry whose schedule names none and whose ticks this beat has not
 seen twice (a crontab's shortest): half of it is the tolerance between two beats' instants of
@@ -114,7 +109,7 @@ class MissedTicks:
         renewed (in at most one ttl when the store did not say when)."""
         expires = _epoch(holder.expires_at) if holder is not None else None
         wait = ttl if expires is None else min(max(expires - self.wall(), 0.0), ttl)
-        return self.monotonic() + wait + CHECK_MARGIN
+        return self.monotonic() + wait + POLICY.takeover_margin
 
     def due(self) -> float | None:
         """Seconds until the next check (None: nothing watched)."""
@@ -129,19 +124,19 @@ class MissedTicks:
             try:
                 self.check_one(watched)
             except LocksError as exc:
-                watched.check_at = now + watched.ttl / 3
+                watched.check_at = now + POLICY.campaign_every(watched.ttl)
                 logger.warning(
                     "Could not check whether %r was handed over (the lock store failed: %s); "
                     "checked again in %.1fs",
                     watched.key,
                     exc,
-                    watched.ttl / 3,
+                    POLICY.campaign_every(watched.ttl),
                 )
 
     def check_one(self, watched: Watched) -> None:
         guard = self.guard
         if guard.leader_mode and not guard.lead():
-            watched.check_at = self.monotonic() + watched.ttl / 3
+            watched.check_at = self.monotonic() + POLICY.campaign_every(watched.ttl)
             return
         found = guard.owner_lease(watched.key, watched.spec, watched.label)
         if isinstance(found, Lock):
@@ -234,7 +229,7 @@ class MissedTicks:
     def maybe_unpublished(self, watched: Watched, recorded: float) -> None:
         """Log the record's own tick when the predecessor stopped right after recording it."""
         renewed = _renewed(watched.holder, watched.ttl)
-        if renewed is not None and renewed > recorded + min(PUBLISH_WINDOW, watched.ttl / 10):
+        if renewed is not None and renewed > recorded + POLICY.publish_window(watched.ttl):
             return  # it lived well past publishing it
         logger.warning(
             "Beat entry %r (task %r): its tick due %s was recorded, maybe not published: the "

@@ -3,7 +3,7 @@ before any I/O."""
 
 from __future__ import annotations
 
-MAX_TICK_MS = 2**63 - 1
+MAX_TICK_MS = 9_223_372_036_854_775_807  # 2 to the 63rd, less one
 """The latest tick a store records (the database store's ``bigint`` column), in milliseconds since
 the Unix epoch: some 292 million years from now."""
 
