@@ -18,7 +18,7 @@ from celery import Celery
 from celery.schedules import schedule
 
 from django_locks import on_one_instance, signals
-from django_locks.contrib.celery import BeatGuard
+from django_locks.contrib.celery import HANDBACK_GRACE, BeatGuard
 from django_locks.contrib.celery_beat import HEADER_CATCH_UP, HEADER_SCHEDULED, _publishing
 from django_locks.lock import Lock
 from django_locks.testing import reset_locks
@@ -52,9 +52,9 @@ def beat(published: Published, name: str) -> BeatGuard:
     return BeatGuard(scheduler)
 
 
-def entry(task: str) -> Any:
+def entry(task: str, period: float = PERIOD) -> Any:
     return types.SimpleNamespace(
-        name=task, task=task, args=(), kwargs={}, schedule=schedule(PERIOD)
+        name=task, task=task, args=(), kwargs={}, schedule=schedule(period)
     )
 
 
@@ -114,7 +114,7 @@ def test_a_tick_missed_just_before_it_was_due_is_published_once_by_the_standby(
     late = published[1][1]
     assert late[HEADER_CATCH_UP] == "1"
     assert abs(scheduled(late) - due) < 0.05  # published as tick 1, not as now
-    assert "1 tick due" in caplog.text and "is published now (catch_up=True)" in caplog.text
+    assert "1 tick due" in caplog.text and "is published now, late (catch_up=True)" in caplog.text
     assert missed == []  # published, so not a skipped run
     standby.apply_entry(entry("missed.catch_up"))  # the standby's next tick: published as usual
     assert [name for name, _ in published] == ["holder", "standby", "standby"]
@@ -196,4 +196,22 @@ def test_a_holder_that_lives_on_is_not_reported(
     assert not standby.owned and not standby.missed.watched
     assert "not published" not in caplog.text and missed == []
     holder.close()
+    standby.close()
+
+
+def test_beats_ticking_at_other_instants_publish_a_handed_over_tick_once(
+    missed: list[dict[str, Any]], caplog: pytest.LogCaptureFixture
+) -> None:
+    # Interval schedules are timed from each beat's start: the standby's tick can fall after the
+    # hand-back grace and still be the tick the stopped beat published. The record says so.
+    published: Published = []
+    holder, standby = beat(published, "holder"), beat(published, "standby")
+    holder.apply_entry(entry("missed.catch_up", period=4.0))
+    holder.close()  # a deploy: the lease stays one second after the tick, then is free
+    time.sleep(HANDBACK_GRACE + 0.3)
+    with caplog.at_level(logging.INFO, logger="django_locks"):
+        standby.apply_entry(entry("missed.catch_up", period=4.0))  # its tick, 1.3 s later
+    assert [name for name, _ in published] == ["holder"]
+    assert "recorded this tick (within half a period) and published it" in caplog.text
+    assert missed == []
     standby.close()

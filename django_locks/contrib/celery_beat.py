@@ -174,12 +174,16 @@ class BeatGuard:
             )
             if spec.once.catch_up and not self.locks.store.supports_ticks:
                 logger.warning(
-                    "Beat entry %r: task %r has catch_up=True, but %s does not record ticks: "
-                    "its missed ticks are reported, never published late. Use the database, "
-                    "Redis or in-memory store for catch_up.",
+                    "Beat entry %r: task %r has catch_up=True, but the store %s (%s.%s) does "
+                    "not record ticks (an optional capability of the store contract): its "
+                    "missed ticks are reported, never published late. Configure a store that "
+                    "records them: DatabaseStore, RedisStore or InMemoryStore, or a custom "
+                    "store with supports_ticks.",
                     name,
                     entry.task,
                     self.locks.store,
+                    type(self.locks.store).__module__,
+                    type(self.locks.store).__qualname__,
                 )
 
     def lead(self) -> bool:
@@ -268,12 +272,19 @@ class BeatGuard:
                     )
                     self.refused.pop(name, None)
                     return None
-                if not was_held:
-                    self.missed.took(key, lock)
+                if not was_held and self.missed.took(key, lock, entry, spec, time.time()):
+                    logger.info(
+                        "Not publishing %s: the beat that held %r before this one recorded "
+                        "this tick (within half a period) and published it",
+                        entry.task,
+                        key,
+                    )
+                    return None
                 headers = {HEADER_KEY: key, HEADER_TOKEN: lock.fencing_token}
                 if spec.once.catch_up and self.locks.store.supports_ticks:
-                    scheduled = self.missed.wall()
-                    if not self.record_tick(lock, int(scheduled * 1000)):
+                    tick_ms = int(self.missed.wall() * 1000)
+                    scheduled = tick_ms / 1000  # the header says what the record says
+                    if not self.record_tick(lock, tick_ms):
                         logger.warning(
                             "Not publishing %s: its owner lease %r is no longer this beat's "
                             "(the tick could not be recorded); the beat holding it publishes",

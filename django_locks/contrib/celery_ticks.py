@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -140,7 +141,7 @@ class MissedTicks:
             return
         found = guard.owner_lease(watched.key, watched.spec, watched.label)
         if isinstance(found, Lock):
-            self.took(watched.key, found)
+            self.took(watched.key, found, watched.entry, watched.spec)
             return
         if found is None:
             watched.misses += 1
@@ -155,41 +156,63 @@ class MissedTicks:
             return
         watched.check_at = max(self.check_time(found, watched.ttl), self.monotonic() + 0.1)
 
-    def took(self, key: str, lock: Lock) -> None:
+    def took(
+        self, key: str, lock: Lock, entry: Any, spec: JobSpec, now: float | None = None
+    ) -> bool:
         """This beat just took ``key`` over: report (and catch up) what its predecessor missed.
-        A store failure here publishes nothing late (never twice): the ticks are reported."""
+        ``now``: the due tick this beat is about to publish (None: taken between ticks).
+        Answers whether the record says the predecessor published that tick already (beats
+        whose interval schedules tick at different instants: one tick, not two). A store
+        failure here publishes nothing late (never twice): the ticks are reported."""
         watched = self.watched.pop(key, None)
-        if watched is None:
-            return
-        assert watched.spec.once is not None
-        catch_up = watched.spec.once.catch_up and self.guard.locks.store.supports_ticks
+        assert spec.once is not None
+        catch_up = spec.once.catch_up and self.guard.locks.store.supports_ticks
+        if watched is None and (not catch_up or now is None):
+            return False
         record = self.read_record(key) if catch_up else None
         if record is not None and record.fencing_token == lock.fencing_token:
-            return  # this beat's own record: nothing was handed over
-        if record is not None:
-            since = record.tick_ms / 1000 + self.period(watched) / 2
-            self.maybe_unpublished(watched, record.tick_ms / 1000)
-        else:
-            renewed = _renewed(watched.holder, watched.ttl)
-            since = float("-inf") if renewed is None else renewed
-        missed = [t for t in watched.ticks if t > since]
+            return False  # this beat's own record: nothing was handed over
+        half = self.period(entry, watched.ticks if watched is not None else []) / 2
+        recorded = None if record is None else record.tick_ms / 1000
+        if watched is not None:
+            if recorded is not None:
+                self.maybe_unpublished(watched, recorded)
+                since = recorded + half
+            else:
+                renewed = _renewed(watched.holder, watched.ttl)
+                since = float("-inf") if renewed is None else renewed
+            self.settle([t for t in watched.ticks if t > since], watched, lock, catch_up, record)
+        return now is not None and recorded is not None and now - recorded < half
+
+    def settle(
+        self,
+        missed: list[float],
+        watched: Watched,
+        lock: Lock,
+        catch_up: bool,
+        record: TickRecord | None,
+    ) -> None:
+        """Report the ticks ``missed``; with a record, publish the latest once (recorded
+        first)."""
         if not missed:
             return
         published = None
-        if catch_up and record is not None and self.record(lock, missed[-1]):
-            published = missed[-1]
+        latest = round(missed[-1] * 1000) / 1000  # as the record holds it, to the millisecond
+        if catch_up and record is not None and self.record(lock, latest):
+            published = latest
+            missed = [*missed[:-1], latest]
         self.report(watched, missed, published, record is not None)
         for _tick in (t for t in missed if t != published):
             skipped(
                 watched.entry.task,
-                key,
+                watched.key,
                 MISSED,
                 holder=watched.holder,
                 level=logging.DEBUG,
                 label=watched.label,
             )
         if published is not None:
-            self.guard.publish(watched.entry, None, key, lock, published, catch_up=True)
+            self.guard.publish(watched.entry, None, watched.key, lock, published, catch_up=True)
 
     def read_record(self, key: str) -> TickRecord | None:
         try:
@@ -206,7 +229,7 @@ class MissedTicks:
 
     def record(self, lock: Lock, tick: float) -> bool:
         try:
-            return self.guard.record_tick(lock, int(tick * 1000))
+            return self.guard.record_tick(lock, round(tick * 1000))
         except LocksError as exc:
             logger.warning(
                 "Could not record the missed tick due %s of %r (the lock store failed: %s): it "
@@ -217,13 +240,13 @@ class MissedTicks:
             )
             return False
 
-    def period(self, watched: Watched) -> float:
-        """The entry's period: its schedule's ``run_every``, else the gap between the ticks this
-        beat saw, else :data:`DEFAULT_PERIOD`."""
-        run_every = getattr(getattr(watched.entry, "schedule", None), "run_every", None)
+    def period(self, entry: Any, ticks: list[float]) -> float:
+        """The entry's period: its schedule's ``run_every``, else the shortest gap between the
+        ticks this beat saw, else :data:`DEFAULT_PERIOD`."""
+        run_every = getattr(getattr(entry, "schedule", None), "run_every", None)
         if isinstance(run_every, datetime.timedelta):
             return run_every.total_seconds()
-        gaps = [b - a for a, b in zip(watched.ticks, watched.ticks[1:], strict=False)]
+        gaps = [b - a for a, b in itertools.pairwise(ticks)]
         return min(gaps) if gaps else DEFAULT_PERIOD
 
     def maybe_unpublished(self, watched: Watched, recorded: float) -> None:
@@ -233,8 +256,12 @@ class MissedTicks:
             return  # it lived well past publishing it
         logger.warning(
             "Beat entry %r (task %r): its tick due %s was recorded, maybe not published: the "
-            "beat that held %r (%s) stopped renewing right after recording it. Look for a run "
-            "scheduled at %s in the worker's log; if there is none, run it by hand.",
+            "beat that held %r (%s) stopped renewing before it renewed again after recording "
+            "it, so it may have died between the record and the publish (a moment) or after "
+            "both. It is not published again. Look for a run with "
+            "django_locks_scheduled %s (the task's self.request.django_locks_scheduled; the "
+            "worker logs it at DEBUG on the django_locks logger); if there is none, run it by "
+            "hand.",
             _name(watched.entry),
             watched.entry.task,
             _when(recorded),
@@ -247,29 +274,42 @@ class MissedTicks:
         self, watched: Watched, missed: list[float], published: float | None, recorded: bool
     ) -> None:
         """The one WARNING naming the missed ticks, and what became of them."""
+        assert watched.spec.once is not None
         due = ", ".join(_when(t) for t in missed)
+        one = len(missed) == 1
         if published is not None:
-            outcome = f"the latest, due {_when(published)}, is published now (catch_up=True)"
+            outcome = f"the latest, due {_when(published)}, is published now, late (catch_up=True)"
         elif recorded:
-            outcome = "none is published late (the store did not take the record)"
+            outcome = "none is published late (the store did not take its record)"
+        elif watched.spec.once.catch_up:
+            outcome = (
+                f"{'it is' if one else 'they are'} not published late: the tick record could "
+                "not be read (catch_up needs a store that records ticks)"
+            )
         else:
             outcome = (
-                f"{'it is' if len(missed) == 1 else 'they are'} not published late: with "
+                f"{'it is' if one else 'they are'} not published late: with "
                 "on_one_instance(catch_up=True) each published tick is recorded, and the beat "
                 "taking over publishes the latest missed one"
             )
+        if recorded:
+            what = f"{'was' if one else 'were'} missed (later than the last tick recorded)"
+            why = "after recording an earlier tick"
+        else:
+            what = f"may not have been published (nothing recorded {'it' if one else 'them'})"
+            why = _last_renewal(watched)
         logger.warning(
-            "Beat entry %r (task %r): %d tick%s due %s %s not published: the beat that held "
-            "%r (%s) stopped renewing %s; %s.",
+            "Beat entry %r (task %r): %d tick%s due %s %s: the beat that held %r (%s) stopped "
+            "renewing %s; %s.",
             _name(watched.entry),
             watched.entry.task,
             len(missed),
-            "" if len(missed) == 1 else "s",
+            "" if one else "s",
             due,
-            "was" if len(missed) == 1 else "were",
+            what,
             watched.key,
             watched.holder,
-            "after recording an earlier tick" if recorded else _last_renewal(watched),
+            why,
             outcome,
         )
 
@@ -288,10 +328,7 @@ def _last_renewal(watched: Watched) -> str:
     renewed = _renewed(watched.holder, watched.ttl)
     if renewed is None:
         return "its lease"
-    return (
-        f"its lease after {_when(renewed)} (nothing records what it published after that; "
-        f"ticks due since then are reported)"
-    )
+    return f"its lease after {_when(renewed)}; the ticks this beat skipped since then are reported"
 
 
 def _other(seen: Holder | None, found: Holder | None) -> bool:
