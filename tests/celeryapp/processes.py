@@ -50,6 +50,7 @@ class Processes:
         locks: dict[str, Any] | None = None,
         schedule: dict[str, Any] | None = None,
         scheduler: str | None = None,
+        hooks: bool = False,
     ) -> None:
         self.tmp = tmp
         self.db = tmp / "db.sqlite3"
@@ -57,6 +58,10 @@ class Processes:
         self.runs_file = tmp / "runs.jsonl"
         self.runs_file.touch()
         self.broker = broker
+        # The beat kill hooks (tests/celeryapp/hooks.py): armed by files in this directory.
+        self.hooks = tmp / "hooks" if hooks else None
+        if self.hooks is not None:
+            self.hooks.mkdir()
         self.env = base_env(
             sqlite=self.db,
             broker=broker,
@@ -65,6 +70,7 @@ class Processes:
             runs=self.runs_file,
             beat_app=True,
             scheduler=scheduler or None,
+            beat_hooks=self.hooks,
         )
         self.started: list[tuple[str, subprocess.Popen[bytes], Path]] = []
 
@@ -154,6 +160,22 @@ class Processes:
             os.killpg(process.pid, sig)
         if sig == signal.SIGKILL:
             process.wait(timeout=10)
+
+    def arm(self, name: str, when: str, keys: list[str] | None = None) -> None:
+        """Arm the kill hook of the beat ``name``: ``when`` "record" or "publish" (``keys``)."""
+        assert self.hooks is not None, "Processes(hooks=True) arms beats"
+        path = self.hooks / f"arm-{self.process(name).pid}.json"
+        path.with_suffix(".tmp").write_text(json.dumps({"when": when, "keys": keys or []}))
+        path.with_suffix(".tmp").rename(path)
+
+    def killed(self, name: str) -> dict[str, Any] | None:
+        """What the beat ``name`` said before its kill hook SIGKILLed it (None: it has not)."""
+        assert self.hooks is not None, "Processes(hooks=True) arms beats"
+        path = self.hooks / f"killed-{self.process(name).pid}.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def alive(self, name: str) -> bool:
+        return self.process(name).poll() is None
 
     def sql(self, query: str, *params: Any) -> list[tuple[Any, ...]]:
         with sqlite3.connect(self.db, timeout=20) as conn:

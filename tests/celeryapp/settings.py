@@ -2,7 +2,8 @@
 
 ``SQLITE``: the SQLite file every process shares; ``BROKER``: the Redis broker URL; ``LOCKS``: the
 ``LOCKS`` setting as JSON; ``SCHEDULE``: beat entries as JSON
-(``{"name": {"task": ..., "every": seconds, "args": [...], "kwargs": {...}}}``); ``SCHEDULER``:
+(``{"name": {"task": ..., "every": seconds, "args": [...], "kwargs": {...}}}``, with
+``"aligned": true`` a tests.celeryapp.schedules.Aligned schedule); ``SCHEDULER``:
 the beat scheduler; ``BEAT_APP``: add django_celery_beat to INSTALLED_APPS; ``RUNS`` (read by the
 tasks): where tasks record their runs. All of them in tests/children/env.py.
 """
@@ -37,10 +38,21 @@ CELERY_IMPORTS = ["tests.celeryapp.tasks"]
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+
+
+def _schedule(entry: dict[str, Any]) -> Any:
+    every = timedelta(seconds=entry["every"])
+    if not entry.get("aligned"):
+        return every
+    from tests.celeryapp.schedules import Aligned
+
+    return Aligned(every)
+
+
 CELERY_BEAT_SCHEDULE: dict[str, Any] = {
     name: {
         "task": entry["task"],
-        "schedule": timedelta(seconds=entry["every"]),
+        "schedule": _schedule(entry),
         "args": entry.get("args", []),
         "kwargs": entry.get("kwargs", {}),
     }

@@ -26,6 +26,7 @@ def record(name: str, **extra: Any) -> None:
         "token": getattr(request, "django_locks_token", None),
         "scheduled": getattr(request, "django_locks_scheduled", None),
         "beat": getattr(request, "django_locks_beat", None),
+        "catch_up": getattr(request, "django_locks_catch_up", None),
         "run_lock": lock.key if lock is not None else None,
         "run_token": lock.fencing_token if lock is not None else None,
         "permit": lock.permit if lock is not None else None,
@@ -40,6 +41,23 @@ def record(name: str, **extra: Any) -> None:
 def tick() -> None:
     """Named "tick": its default key is the task name, not module.function."""
     record("tick")
+
+
+# Missed ticks (tests/test_celery_missed_ticks.py): owner leases of 2 s, one entry of each kind.
+
+
+@shared_task(name="catch_up")
+@on_one_instance(ttl="2s", catch_up=True)
+def catch_up() -> None:
+    """Each published tick recorded first; a beat taking over publishes the latest missed one."""
+    record("catch_up")
+
+
+@shared_task(name="no_catch_up")
+@on_one_instance(ttl="2s")
+def no_catch_up() -> None:
+    """Missed ticks reported only."""
+    record("no_catch_up")
 
 
 @on_one_instance("tock:{n}")

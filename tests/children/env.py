@@ -29,6 +29,7 @@ VARIABLES: dict[str, str] = {
     "SCHEDULER": "the Celery beat scheduler class (tests/celeryapp/settings.py)",
     "BEAT_APP": "1: django_celery_beat in INSTALLED_APPS (tests/celeryapp/settings.py)",
     "RUNS": "the file Celery tasks append their runs to (tests/celeryapp/tasks.py)",
+    "BEAT_HOOKS": "where the beat kill hooks find their arm files (tests/celeryapp/hooks.py)",
     "FAULTS_WORKER": "a fault worker's configuration as JSON (tests/faults/worker.py)",
     "EXPECT_DRIVER": "the PostgreSQL driver a pytest child forced (tests/stores/test_postgres.py)",
 }
@@ -55,6 +56,7 @@ def child_env(
     scheduler: str | None = None,
     beat_app: bool = False,
     runs: str | os.PathLike[str] | None = None,
+    beat_hooks: str | os.PathLike[str] | None = None,
     faults_worker: Mapping[str, Any] | None = None,
     expect_driver: str | None = None,
 ) -> dict[str, str]:
@@ -82,6 +84,7 @@ def child_env(
         "SCHEDULER": scheduler,
         "BEAT_APP": "1" if beat_app else None,
         "RUNS": runs,
+        "BEAT_HOOKS": beat_hooks,
         "FAULTS_WORKER": faults_worker,
         "EXPECT_DRIVER": expect_driver,
     }
