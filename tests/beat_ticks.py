@@ -21,12 +21,13 @@ import statistics
 from typing import Any
 
 MISSED = re.compile(
-    r"Beat entry '(?P<entry>[^']+)' \(task '[^']+'\): \d+ ticks? due (?P<due>.+?) (?:was|were) "
-    r"not published: .*?; (?P<outcome>[^;]*)\.$"
+    r"Beat entry '(?P<entry>[^']+)' \(task '[^']+'\): \d+ ticks? due (?P<due>.+?) "
+    r"(?:was missed|were missed|may not have been published) \([^)]*\): .*?; "
+    r"(?P<outcome>[^;]*)\.$"
 )
 MAYBE = re.compile(
     r"Beat entry '(?P<entry>[^']+)' \(task '[^']+'\): its tick due .* was recorded, maybe not "
-    r"published: .* Look for a run scheduled at (?P<iso>\S+) in"
+    r"published: .* Look for a run with django_locks_scheduled (?P<iso>\S+) \("
 )
 WHEN = re.compile(r"(\d\d):(\d\d):(\d\d) UTC")
 STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}): ")

@@ -43,10 +43,13 @@ def standby_log(*skips: float, took: float, warning: str = "") -> tuple[str, int
 
 
 def missed_line(due: float, *, caught_up: bool) -> str:
-    outcome = f"the latest, due {hms(due)}, is published now (catch_up=True)" if caught_up else "x"
+    outcome = (
+        f"the latest, due {hms(due)}, is published now, late (catch_up=True)" if caught_up else "x"
+    )
     return (
-        f"Beat entry 'job' (task 'job'): 1 tick due {hms(due)} was not published: the beat that "
-        f"held 'job:owner' (vm pid 1) stopped renewing after recording an earlier tick; {outcome}."
+        f"Beat entry 'job' (task 'job'): 1 tick due {hms(due)} was missed (later than the last "
+        f"tick recorded): the beat that held 'job:owner' (vm pid 1) stopped renewing after "
+        f"recording an earlier tick; {outcome}."
     )
 
 

@@ -100,10 +100,24 @@ class MissedTicks:
         return (self.guard.locks.ttl_ms if ttl_ms is None else ttl_ms) / 1000
 
     def alive_after(self, watched: Watched) -> list[float]:
-        """The skipped ticks later than the holder's last renewal: it was alive then, so the
-        ticks before were its to publish while it was."""
+        """The skipped ticks the holder may not have published: those later than its last
+        renewal less :meth:`slack` (it was alive then, so the ticks before were its to publish
+        while it was)."""
+        since = self.alive_until(watched)
+        return [t for t in watched.ticks if t > since]
+
+    def alive_until(self, watched: Watched) -> float:
+        """Up to when the holder's own tick for one of this beat's was surely its to publish:
+        its last renewal, less the slack of ticks that fall at other instants on each beat."""
         renewed = _renewed(watched.holder, watched.ttl)
-        return [t for t in watched.ticks if renewed is None or t > renewed]
+        return float("-inf") if renewed is None else renewed - self.slack(watched.entry)
+
+    def slack(self, entry: Any) -> float:
+        """Half the period of an interval schedule, which each beat times from its own start
+        (this beat's tick and the holder's for it are up to that far apart); 0 for schedules
+        that fall at the same instants on every beat (crontab, solar)."""
+        run_every = getattr(getattr(entry, "schedule", None), "run_every", None)
+        return run_every.total_seconds() / 2 if isinstance(run_every, datetime.timedelta) else 0.0
 
     def check_time(self, holder: Holder | None, ttl: float) -> float:
         """When to try taking over the lease ``holder`` holds: just after it expires unless
@@ -179,8 +193,7 @@ class MissedTicks:
                 self.maybe_unpublished(watched, recorded)
                 since = recorded + half
             else:
-                renewed = _renewed(watched.holder, watched.ttl)
-                since = float("-inf") if renewed is None else renewed
+                since = self.alive_until(watched)
             self.settle([t for t in watched.ticks if t > since], watched, lock, catch_up, record)
         return now is not None and recorded is not None and now - recorded < half
 
