@@ -1,9 +1,9 @@
 """Celery beat's side: ``BeatGuard`` publishes only what is this beat's, with beat's headers.
 
-When a beat starts (``beat_init``, sent by ``celery beat`` and by ``worker -B`` alike) its
-scheduler *instance* gets its ``apply_entry`` and ``close`` wrapped by a :class:`BeatGuard`,
-whatever the scheduler class: owner leases of ``on_one_instance`` tasks, the whole-beat leader
-mode. ``django_locks.contrib.celery`` connects the signals.
+When a beat starts (``beat_init``, sent by ``celery beat`` and by ``worker -B`` alike), a
+:class:`BeatGuard` wraps its scheduler *instance*'s ``apply_entry``, ``close`` and ``tick``,
+whatever the scheduler class: owner leases of ``on_one_instance`` tasks, missed ticks, the
+whole-beat leader mode. ``django_locks.contrib.celery`` connects the signals.
 """
 
 from __future__ import annotations
@@ -35,8 +35,7 @@ HEADER_SCHEDULED = "django_locks_scheduled"
 HEADER_BEAT = "django_locks_beat"
 """The beat process that published it, ``host:pid``."""
 HEADER_CATCH_UP = "django_locks_catch_up"
-"""``"1"`` on a missed tick published late by the beat that took its entry over (``catch_up``);
-its ``django_locks_scheduled`` is the tick's own time."""
+"""``"1"`` on a missed tick published late by the beat that took its entry over (``catch_up``)."""
 
 HANDBACK_GRACE = 1.0
 """Seconds a stopping beat keeps a lease after it last published under it. Every beat wakes for
@@ -272,7 +271,7 @@ class BeatGuard:
                     )
                     self.refused.pop(name, None)
                     return None
-                if not was_held and self.missed.took(key, lock, entry, spec, time.time()):
+                if not was_held and self.took(key, lock, entry, spec):
                     logger.info(
                         "Not publishing %s: the beat that held %r before this one recorded "
                         "this tick (within half a period) and published it",
@@ -337,9 +336,18 @@ class BeatGuard:
             if HEADER_KEY in headers:
                 self.published[headers[HEADER_KEY]] = self.locks.clock.monotonic()
 
+    def took(self, key: str, lock: Lock, entry: Any, spec: JobSpec) -> bool:
+        """``MissedTicks.took`` at a due tick (True: the predecessor published it); whatever
+        fails there, the tick is decided as without it."""
+        try:
+            return self.missed.took(key, lock, entry, spec, time.time())
+        except Exception:
+            logger.exception("django_locks' missed-ticks report for %r failed; beat goes on", key)
+            return False
+
     def record_tick(self, lock: Lock, tick_ms: int) -> bool:
-        """Record the tick about to be published under ``lock`` (a ``catch_up`` entry's): True
-        once the store confirmed it, False when the lease is no longer this beat's."""
+        """Record the tick about to be published under ``lock`` (True once the store confirmed
+        it, False when the lease is no longer this beat's)."""
         return bool(self.locks._record_tick(lock, tick_ms))
 
     def tick(self, *args: Any, **kwargs: Any) -> Any:
