@@ -13,7 +13,6 @@ from django_locks import conf
 
 
 def register() -> None:
-    # The order matters: check_store runs first in every run that runs the other two.
     checks.register(check_settings, "django_locks")
     checks.register(check_store, "django_locks")
     # Django passes every alias as `databases` to every check when none was asked for: only a
@@ -24,9 +23,12 @@ def register() -> None:
     checks.register(check_store_deploy, "django_locks", deploy=True)
 
 
-# The I/O findings check_store_databases reported in this run (check_store starts each run
-# afresh), which check_store_deploy then does not repeat under `check --deploy --database`.
+# The I/O findings check_store_databases reported, and the `databases` object of that run,
+# which check_store_deploy then does not repeat under `check --deploy --database`. Django runs
+# the registered checks in no set order, the deployment checks after them, and hands one
+# `databases` object to every check of a run: that object, not the order, tells the run.
 _said: list[checks.CheckMessage] = []
+_said_in: list[object] = []
 
 
 def check_settings(
@@ -79,7 +81,6 @@ def check_store(
     **kwargs: Any,
 ) -> list[checks.CheckMessage]:
     """The configured store's own checks that need no I/O (run by every ``check``)."""
-    _said.clear()
     return _store_messages(databases=None, deploy=False)
 
 
@@ -94,7 +95,8 @@ def check_store_databases(
         return []
     without_io = _store_messages(databases=None, deploy=False)
     found = [m for m in _store_messages(databases=databases, deploy=False) if m not in without_io]
-    _said.extend(found)
+    _said[:] = found
+    _said_in[:] = [databases]
     return found
 
 
@@ -104,7 +106,10 @@ def check_store_deploy(
 ) -> list[checks.CheckMessage]:
     """The configured store's deployment checks (``check --deploy``), which may do I/O; each
     finding said once, whether ``--database`` was given too or not."""
-    said = _store_messages(databases=None, deploy=False) + _said
+    databases = kwargs.get("databases")
+    said = _store_messages(databases=None, deploy=False)
+    if databases is not None and _said_in and _said_in[0] is databases:
+        said += _said
     return [m for m in _store_messages(databases=None, deploy=True) if m not in said]
 
 

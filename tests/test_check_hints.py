@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from django.conf import settings
@@ -183,3 +184,36 @@ def test_the_store_is_reached_only_by_check_database_or_deploy_and_said_once(
     with override_settings(DEBUG=True, LOCKS=REDIS_DOWN):
         out = run_check(capsys, *args)
     assert out.count("(django_locks.W206)") == said, out
+
+
+@pytest.mark.parametrize("order", ["as registered", "reversed"])
+@pytest.mark.parametrize(
+    "args",
+    [("--deploy", "--database", "default"), ("--database", "default"), ("--deploy",)],
+    ids=["deploy and database", "database", "deploy"],
+)
+@pytest.mark.django_db
+def test_each_finding_is_said_once_in_whatever_order_django_runs_the_checks(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    args: tuple[str, ...],
+    order: str,
+) -> None:
+    # Django keeps registered checks in a set: their order differs from one process to the next.
+    from django.core.checks.registry import registry
+
+    def get_checks(include_deployment_checks: bool = False) -> list[Any]:
+        ours = sorted(
+            (c for c in registry.registered_checks if c.__module__ == "django_locks.checks"),
+            key=lambda c: str(getattr(c, "__name__", "")),
+            reverse=order == "reversed",
+        )
+        deploy = [c for c in registry.deployment_checks if c.__module__ == "django_locks.checks"]
+        return ours + (deploy if include_deployment_checks else [])
+
+    monkeypatch.setattr(registry, "get_checks", get_checks)
+    with override_settings(DEBUG=True, LOCKS=REDIS_DOWN):
+        # A database-only run first must not silence a later deploy run's finding.
+        run_check(capsys, "--database", "default")
+        out = run_check(capsys, *args)
+    assert out.count("(django_locks.W206)") == 1, out
