@@ -69,6 +69,7 @@ from django_locks.stores.database.sqlite_sql import (
     SQLITE_TABLES,
     SQLITE_TOKEN,
     SQLITE_WARP,
+    numbered,
     offset,
 )
 
@@ -202,7 +203,7 @@ class SQLiteOperations(Operations):
         taken: set[int] = set()
         first_to_end: HolderRow | None = None
         for slot, slot_owner, slot_base, token, *described in cursor.execute(
-            SQLITE_PERMIT_SLOTS, (prefix, f"{key}$")
+            SQLITE_PERMIT_SLOTS, numbered((prefix, f"{key}$"))
         ).fetchall():
             permit = _permit(slot, len(prefix), permits)
             if permit is None:
@@ -210,7 +211,8 @@ class SQLiteOperations(Operations):
             taken.add(permit)
             if slot_owner == owner and slot_base == key:
                 cursor.execute(
-                    SQLITE_PERMIT_EXTEND, (offset(ttl_ms), holder, kind, detail, slot, owner)
+                    SQLITE_PERMIT_EXTEND,
+                    numbered((offset(ttl_ms), holder, kind, detail, slot, owner)),
                 )
                 _follow(cursor, key, slot)
                 return PermitGrant(int(token), permit)
@@ -221,9 +223,9 @@ class SQLiteOperations(Operations):
             return first_to_end
         slot = f"{prefix}{free}"
         args = (slot, owner, holder, offset(ttl_ms), kind, detail, permits, key)
-        cursor.execute(SQLITE_PERMIT_TAKE, args)
+        cursor.execute(SQLITE_PERMIT_TAKE, numbered(args))
         token = int(cursor.execute(SQLITE_TOKEN, (slot,)).fetchone()[0])
-        cursor.execute(SQLITE_PERMIT_RECORD, (key, token, slot, permits, holder))
+        cursor.execute(SQLITE_PERMIT_RECORD, numbered((key, token, slot, permits, holder)))
         cursor.execute(SQLITE_RAISE_FLOOR, (token,))
         return PermitGrant(token, free)
 
@@ -245,7 +247,7 @@ class SQLiteOperations(Operations):
                 if renewed is True and isinstance(key, Slot):
                     bases[key.base] = None
         for base in bases:  # once per key, however many of its slots the batch renewed
-            cursor.execute(SQLITE_PERMIT_LATEST, (f"{base}#", f"{base}$", base))
+            cursor.execute(SQLITE_PERMIT_LATEST, numbered((f"{base}#", f"{base}$", base)))
         return answers
 
     def preempt(self, cursor: Any, key: str) -> int | None:
@@ -255,7 +257,9 @@ class SQLiteOperations(Operations):
             return None
         held_by, permits, base_key, _ = found
         if held_by == PERMITS_OWNER and permits is not None and base_key is None:
-            oldest = cursor.execute(SQLITE_OLDEST_SLOT, (f"{key}#", f"{key}$", key)).fetchone()
+            oldest = cursor.execute(
+                SQLITE_OLDEST_SLOT, numbered((f"{key}#", f"{key}$", key))
+            ).fetchone()
             if oldest is None:
                 return None
             key = oldest[0]
@@ -292,7 +296,7 @@ class SQLiteOperations(Operations):
             return freed
         held_by, permits, base_key, _ = found
         if held_by == PERMITS_OWNER and permits is not None and base_key is None:
-            cursor.execute(SQLITE_PERMIT_FORCE_SLOTS, (f"{key}#", f"{key}$", by, key))
+            cursor.execute(SQLITE_PERMIT_FORCE_SLOTS, numbered((f"{key}#", f"{key}$", by, key)))
             return 1 if freed or cursor.rowcount else 0
         if freed and base_key is not None:
             _follow_end(cursor, base_key, "force released", by)
@@ -374,12 +378,12 @@ def _renew(cursor: Any, key: str, owner: str, ttl_ms: int) -> Renewed:
 
 def _follow(cursor: Any, base: str, slot: str) -> None:
     """After ``slot`` of ``base`` moved: its own row as long as its latest live slot."""
-    cursor.execute(SQLITE_PERMIT_FOLLOW, (f"{base}#", f"{base}$", base, slot))
+    cursor.execute(SQLITE_PERMIT_FOLLOW, numbered((f"{base}#", f"{base}$", base, slot)))
 
 
 def _follow_end(cursor: Any, base: str, how: str, by: str | None) -> None:
     """After a slot of ``base`` ended: its own row until the latest of the other live slots',
     or ended as the slot was when none is left."""
-    cursor.execute(SQLITE_PERMIT_LATEST, (f"{base}#", f"{base}$", base))
+    cursor.execute(SQLITE_PERMIT_LATEST, numbered((f"{base}#", f"{base}$", base)))
     if cursor.rowcount == 0:
-        cursor.execute(SQLITE_PERMIT_FREE, (base, how, by))
+        cursor.execute(SQLITE_PERMIT_FREE, numbered((base, how, by)))

@@ -142,6 +142,12 @@ def offset(ms: int) -> str:
     return f"+{ms / 1000:.3f} seconds"
 
 
+def numbered(args: tuple[object, ...]) -> dict[str, object]:
+    """``args`` for a statement with numbered parameters (``?1``, ``?2``): Python's sqlite3
+    binds those by name (``"1"``), and a sequence for them is deprecated since Python 3.12."""
+    return {str(number): value for number, value in enumerate(args, 1)}
+
+
 # Permits (SPEC section 4): a key's slots are the rows `<key>#<n>` whose base_key is the key, all
 # between `<key>#` and `<key>$` in the primary key's order (binary: '$' follows '#'), so each
 # look-up of a key's slots is one range of the index. The key's own row (owner "permits" while
