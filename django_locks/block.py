@@ -11,6 +11,7 @@ from django_locks.events import Use
 from django_locks.exceptions import LockNotAcquiredError
 from django_locks.holders import Holder
 from django_locks.lock import Lock
+from django_locks.on_commit import end_block, refuse_several
 
 if TYPE_CHECKING:
     import contextvars
@@ -19,7 +20,8 @@ if TYPE_CHECKING:
 
 
 class LockBlock:
-    """What :meth:`Locks.lock` and :meth:`Locks.alock` return: holds the key for one block."""
+    """What :meth:`Locks.lock` and :meth:`Locks.alock` return: holds the key for one block
+    (with ``release="on_commit"``, until the transaction the block ended in commits)."""
 
     def __init__(
         self,
@@ -31,8 +33,10 @@ class LockBlock:
         label: str | None = None,
         permits: int = 1,
         max_hold_ms: int | None = None,
+        commit_alias: str | None = None,
     ) -> None:
         # Checked by lock() / alock() already: entering validates nothing again.
+        # `commit_alias`: release="on_commit", following that alias's transaction (sync only).
         self._locks = locks
         self._args: tuple[str, int, float, AbortSignal | None, str | None, Use] = (
             key,
@@ -44,6 +48,7 @@ class LockBlock:
         )
         self._permits = permits
         self._max_hold_ms = max_hold_ms
+        self._commit_alias = commit_alias
         self._key = key
         self._lock: Lock | None = None
         self._context_token: contextvars.Token[Lock | None] | None = None
@@ -61,6 +66,8 @@ class LockBlock:
         return self._lock
 
     def __enter__(self) -> Lock:
+        if self._commit_alias is not None:
+            refuse_several(self._commit_alias, self._key)
         found = self._locks._acquire(
             *self._args, permits=self._permits, max_hold_ms=self._max_hold_ms
         )
@@ -73,7 +80,11 @@ class LockBlock:
         tb: TracebackType | None,
     ) -> None:
         # The lock's own block ends the same way: released, a failure logged, not raised.
-        self._leaving().__exit__(exc_type, exc, tb)
+        lock = self._leaving()
+        if self._commit_alias is None:
+            lock.__exit__(exc_type, exc, tb)
+        else:
+            end_block(lock, self._commit_alias, failed=exc_type is not None)
 
     async def __aenter__(self) -> Lock:
         found = await self._locks._aacquire(

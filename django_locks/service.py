@@ -7,8 +7,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from django.utils.functional import LazyObject, empty
-
 from django_locks import durations
 from django_locks.abort import AbortSignal
 from django_locks.aio import ReleaseNotices, attempt
@@ -22,7 +20,9 @@ from django_locks.holders import Holder
 from django_locks.keys import MAX_KEY_LENGTH, check_permits, permit_suffix, validate_key
 from django_locks.lock import Lock
 from django_locks.notices import NOTICE_SLICE, wait_for_release
+from django_locks.on_commit import Release, check_release, commit_alias, refuse_async
 from django_locks.policy import POLICY
+from django_locks.service_default import DefaultLocks
 from django_locks.service_leases import LeaseQueries
 from django_locks.stores.base import LockStore
 
@@ -151,6 +151,8 @@ class Locks(LeaseQueries):
         signal: AbortSignal | None = None,
         permits: int = 1,
         max_hold: Duration | None = None,
+        release: Release = "on_exit",
+        using: str | None = None,
         label: str | None = None,
     ) -> LockBlock:
         """A context manager holding ``key`` for its block, yielding the ``Lock``.
@@ -158,9 +160,20 @@ class Locks(LeaseQueries):
         Raises ``LockNotAcquiredError`` when the key stayed taken; releases on exit, also when the
         block raises. Inside, ``current_lock()`` is this lock. ``async with locks.alock(...)`` for
         coroutines. ``label`` and ``max_hold`` as for :meth:`acquire`.
+
+        ``release="on_commit"``: a block that ends inside ``transaction.atomic()`` on ``using``
+        is released right after that transaction commits, renewed until then, and at once when
+        it (or an enclosing savepoint) rolls back or its connection closes; a block ending
+        outside one is released at once. ``using``: the alias whose transaction it follows
+        (default: a ``DatabaseStore``'s own alias, ``"default"`` for other stores). A block
+        inside transactions on other aliases too is refused (``TransactionManagementError``).
+        ``ValueError`` for another ``release`` or an alias not in ``DATABASES``.
         """
         ttl_ms, wait_s, permits, hold_ms = self._check(key, ttl, wait, signal, permits, max_hold)
-        return LockBlock(self, key, ttl_ms, wait_s, signal, check_label(label), permits, hold_ms)
+        alias = commit_alias(self.store, using) if check_release(release, using) else None
+        return LockBlock(
+            self, key, ttl_ms, wait_s, signal, check_label(label), permits, hold_ms, alias
+        )
 
     def with_lock(
         self,
@@ -172,13 +185,24 @@ class Locks(LeaseQueries):
         signal: AbortSignal | None = None,
         permits: int = 1,
         max_hold: Duration | None = None,
+        release: Release = "on_exit",
+        using: str | None = None,
         label: str | None = None,
     ) -> T:
-        """Run ``fn()`` holding ``key``; return its result (``LockNotAcquiredError`` if taken)."""
+        """Run ``fn()`` holding ``key``; return its result (``LockNotAcquiredError`` if taken).
+        ``release`` and ``using`` as for :meth:`lock`."""
         if not callable(fn):
             raise TypeError(f"`fn` must be callable, got {fn!r}")
         with self.lock(
-            key, ttl=ttl, wait=wait, signal=signal, permits=permits, max_hold=max_hold, label=label
+            key,
+            ttl=ttl,
+            wait=wait,
+            signal=signal,
+            permits=permits,
+            max_hold=max_hold,
+            release=release,
+            using=using,
+            label=label,
         ):
             return fn()
 
@@ -193,11 +217,15 @@ class Locks(LeaseQueries):
         signal: AbortSignal | None = None,
         permits: int = 1,
         max_hold: Duration | None = None,
+        release: Release = "on_exit",
+        using: str | None = None,
         label: str | None = None,
     ) -> Lock | None:
         """:meth:`acquire` for coroutines: store calls run in threads, and a waiter is woken
         by the store's release notices as a thread is. Cancelled at any point, it releases
-        what it got."""
+        what it got. ``release="on_commit"`` is a ``TypeError`` (Django has no async
+        ``atomic()``)."""
+        refuse_async(release, using, "aacquire()")
         ttl_ms, wait_s, permits, hold_ms = self._check(key, ttl, wait, signal, permits, max_hold)
         found = await self._aacquire(
             key, ttl_ms, wait_s, signal, check_label(label), permits=permits, max_hold_ms=hold_ms
@@ -259,9 +287,13 @@ class Locks(LeaseQueries):
         signal: AbortSignal | None = None,
         permits: int = 1,
         max_hold: Duration | None = None,
+        release: Release = "on_exit",
+        using: str | None = None,
         label: str | None = None,
     ) -> LockBlock:
-        """:meth:`lock` for ``async with``."""
+        """:meth:`lock` for ``async with``; ``release="on_commit"`` is a ``TypeError`` (Django
+        has no async ``atomic()``)."""
+        refuse_async(release, using, "alock()")
         ttl_ms, wait_s, permits, hold_ms = self._check(key, ttl, wait, signal, permits, max_hold)
         return LockBlock(self, key, ttl_ms, wait_s, signal, check_label(label), permits, hold_ms)
 
@@ -275,9 +307,13 @@ class Locks(LeaseQueries):
         signal: AbortSignal | None = None,
         permits: int = 1,
         max_hold: Duration | None = None,
+        release: Release = "on_exit",
+        using: str | None = None,
         label: str | None = None,
     ) -> T:
-        """Await ``fn()`` holding ``key``; return its result (``LockNotAcquiredError``: taken)."""
+        """Await ``fn()`` holding ``key``; return its result (``LockNotAcquiredError``: taken).
+        ``release="on_commit"`` is a ``TypeError`` (Django has no async ``atomic()``)."""
+        refuse_async(release, using, "awith_lock()")
         if not callable(fn):
             raise TypeError(f"`fn` must be callable, got {fn!r}")
         async with self.alock(
@@ -388,50 +424,6 @@ def _gave_up(signal: AbortSignal | None) -> str:
 
 def _lock_only(found: Lock | Holder | None) -> Lock | None:
     return found if isinstance(found, Lock) else None
-
-
-class DefaultLocks(LazyObject):  # type: ignore[type-arg]
-    """The ``Locks`` configured from the ``LOCKS`` setting, built on first use and rebuilt when
-    the setting changes (``override_settings``)."""
-
-    _wrapped: object
-
-    def _setup(self) -> None:
-        self._wrapped = _from_settings()
-
-    def _reset(self) -> None:
-        wrapped = self._wrapped
-        self._wrapped = empty
-        if isinstance(wrapped, Locks):
-            wrapped.store.close()
-
-
-def _from_settings() -> Locks:
-    """The service ``LOCKS`` describes: conf reads the setting and builds the store, the
-    service puts them together (conf never builds nor resets a service)."""
-    from django_locks import conf
-
-    config = conf.get()
-    store = conf.build_store(config)
-    clock = config.clock
-    # A ManualClock in LOCKS["CLOCK"] moves a server store's leases with it (warp(), SPEC
-    # section 7); a store that takes the clock (the in-memory one) was given it instead.
-    attach = getattr(clock, "attach", None)
-    if (
-        attach is not None
-        and not conf.takes_clock(config.backend)
-        and type(store).warp is not LockStore.warp
-    ):
-        attach(store)
-    # The ttl in the milliseconds it was validated to, not through seconds and back.
-    max_hold = None if config.max_hold_ms is None else f"{config.max_hold_ms}ms"
-    return Locks(
-        store,
-        ttl=f"{config.ttl_ms}ms",
-        clock=clock,
-        key_prefix=config.key_prefix,
-        max_hold=max_hold,
-    )
 
 
 _default = DefaultLocks()

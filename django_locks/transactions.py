@@ -19,7 +19,9 @@ def warn_if_in_atomic(key: str) -> None:
         logger.warning(
             "Lock %r is released inside transaction.atomic(): the next holder can run before "
             "this transaction's writes are committed. Take the lock outside the transaction "
-            "(wrap the atomic block in the lock, not the other way round).",
+            "(wrap the atomic block in the lock, not the other way round), or pass "
+            'release="on_commit" to lock(), with_lock() or the decorators: it is then '
+            "released once the transaction commits (at once when it rolls back).",
             key,
         )
 
@@ -80,3 +82,23 @@ def _seed_opened() -> list[weakref.ref[Any]]:
 def _real_atomic(conn: Any) -> bool:
     """Whether one of ``conn``'s open atomic blocks is the code's own, not a TestCase's."""
     return any(not getattr(block, "_from_testcase", False) for block in conn.atomic_blocks)
+
+
+def testcase_only(conn: Any) -> bool:
+    """Whether ``conn``'s open atomic blocks are all a ``TestCase``'s own (none is the code's)."""
+    return conn.in_atomic_block and not _real_atomic(conn)
+
+
+def atomic_aliases() -> list[str]:
+    """The aliases this thread is inside a real ``transaction.atomic()`` block on (not counting
+    a ``TestCase``'s wrapping ones), in the order their connections were opened."""
+    opened = _opened.__dict__.get("wrappers")
+    if opened is None:
+        opened = _seed_opened()
+    aliases: list[str] = []
+    for ref in opened:
+        conn = ref()
+        alias = None if conn is None or not conn.in_atomic_block else conn.alias
+        if alias is not None and alias not in aliases and _real_atomic(conn):
+            aliases.append(alias)
+    return aliases
