@@ -21,33 +21,23 @@ run that finds it taken does is its ``on_conflict`` (``django_locks.conflicts``)
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import inspect
-import sys
-import types
 from collections.abc import Callable, Coroutine
-from typing import Any, Literal, ParamSpec, Protocol, TypeVar, cast, overload
+from typing import Any, Literal, ParamSpec, TypeVar, cast, overload
 
-from django_locks import conflicts, durations
+from django_locks import durations
 from django_locks.conflicts import OnConflict
+from django_locks.decorating import (
+    JobDecorator,
+    KeepingJobDecorator,
+    check_key_argument,
+    run_spec,
+    wrap_job,
+)
 from django_locks.durations import Duration
-from django_locks.job import ATTRIBUTE, OWNER_SUFFIX, JobSpec, OnceSpec, RunSpec, job_spec
-from django_locks.keys import (
-    check_permits,
-    check_template,
-    permit_suffix,
-    template_fields,
-    validate_key,
-)
+from django_locks.job import OWNER_SUFFIX, JobSpec, OnceSpec, job_spec
+from django_locks.keys import check_permits, permit_suffix
 from django_locks.ownership import ELSEWHERE, IN_PROGRESS, release_owner_leases, skipped
-from django_locks.run import (
-    arun_function,
-    holder_text,
-    run_command,
-    run_function,
-    set_task_name_hook,
-)
+from django_locks.run import holder_text, set_task_name_hook
 
 # The names users and the other modules import from here; each lives in its concept's module.
 __all__ = [
@@ -75,26 +65,6 @@ Skipping = Literal["skip", "replace"]
 """The ``on_conflict`` values under which a run may be skipped: the result may be ``None``."""
 Keeping = Literal["raise", "retry"]
 """The ``on_conflict`` values under which a run that does not run raises: the result is kept."""
-
-
-class JobDecorator(Protocol):
-    """What a called decorator (``@without_overlapping("key")``) is, for type checkers: the
-    decorated function keeps its parameters, and its result may be ``None`` (a skipped run)."""
-
-    @overload
-    def __call__(
-        self, target: Callable[P, Coroutine[Any, Any, R]], /
-    ) -> Callable[P, Coroutine[Any, Any, R | None]]: ...
-
-    @overload
-    def __call__(self, target: Callable[P, R], /) -> Callable[P, R | None]: ...
-
-
-class KeepingJobDecorator(Protocol):
-    """A decorator with ``on_conflict="raise"`` or ``"retry"``, for type checkers: the decorated
-    function keeps its parameters and its result (a run that does not run raises)."""
-
-    def __call__(self, target: Callable[P, R], /) -> Callable[P, R]: ...
 
 
 @overload
@@ -141,7 +111,7 @@ def on_one_instance(
     """
     if callable(key):
         return on_one_instance()(key)
-    _check_key_argument(key, suffix=OWNER_SUFFIX)
+    check_key_argument(key, suffix=OWNER_SUFFIX)
     if not isinstance(catch_up, bool):
         raise TypeError(f"`catch_up` must be True or False, got {catch_up!r}")
     spec = OnceSpec(
@@ -153,7 +123,7 @@ def on_one_instance(
     )
 
     def decorate(target: F) -> F:
-        return cast(F, _decorate(target, once=spec))
+        return cast(F, wrap_job(target, once=spec))
 
     return decorate
 
@@ -236,11 +206,11 @@ def without_overlapping(
     """
     if callable(key):
         return without_overlapping()(key)
-    _check_key_argument(key)
-    spec = _run_spec(key, ttl, max_hold, on_conflict, wait, max_retries, shared_key=shared_key)
+    check_key_argument(key)
+    spec = run_spec(key, ttl, max_hold, on_conflict, wait, max_retries, shared_key=shared_key)
 
     def decorate(target: F) -> F:
-        return cast(F, _decorate(target, run=spec))
+        return cast(F, wrap_job(target, run=spec))
 
     return decorate
 
@@ -307,131 +277,10 @@ def limit_concurrency(
     ``permits``. Needs a store offering permits (the database, Redis and in-memory stores).
     """
     count = check_permits(permits)
-    _check_key_argument(key, suffix=permit_suffix(count))
-    spec = _run_spec(key, ttl, max_hold, on_conflict, wait, max_retries, permits=count)
+    check_key_argument(key, suffix=permit_suffix(count))
+    spec = run_spec(key, ttl, max_hold, on_conflict, wait, max_retries, permits=count)
 
     def decorate(target: F) -> F:
-        return cast(F, _decorate(target, run=spec))
+        return cast(F, wrap_job(target, run=spec))
 
     return decorate
-
-
-def _run_spec(
-    key: str | None,
-    ttl: Duration | None,
-    max_hold: Duration | None,
-    on_conflict: object,
-    wait: Duration | None,
-    max_retries: object,
-    *,
-    permits: int = 1,
-    shared_key: object = False,
-) -> RunSpec:
-    """The checked arguments of ``without_overlapping`` / ``limit_concurrency``."""
-    policy = conflicts.check_on_conflict(on_conflict)
-    if not isinstance(shared_key, bool):
-        raise TypeError(f"`shared_key` must be True or False, got {shared_key!r}")
-    spec = RunSpec(
-        key=key,
-        ttl_ms=None if ttl is None else durations.ttl_ms(ttl),
-        permits=permits,
-        max_hold_ms=durations.max_hold_ms(max_hold),
-        on_conflict=policy,
-        wait_ms=conflicts.check_wait(wait),
-        max_retries=conflicts.check_max_retries(max_retries),
-        shared_key=shared_key,
-    )
-    if policy == "replace":
-        conflicts.refuse_replace_backend()
-    return spec
-
-
-def _check_key_argument(key: object, *, suffix: str = "") -> None:
-    if key is None:
-        return
-    validate_key(key, suffix=suffix)
-    assert isinstance(key, str)
-    template_fields(key)
-
-
-def _decorate(target: Any, *, once: OnceSpec | None = None, run: RunSpec | None = None) -> Any:
-    # Only functions are inspected: reading an attribute of a Celery task proxy would evaluate
-    # it (and finalize the Celery app) at import time.
-    is_function = issubclass(type(target), types.FunctionType)
-    spec = getattr(target, ATTRIBUTE, None) if is_function else None
-    if isinstance(spec, JobSpec):
-        # The other decorator is already applied: rebuild ONE wrapper around the original.
-        if (once and spec.once) or (run and spec.run):
-            if once:
-                raise TypeError(f"@on_one_instance is applied twice to {spec.name}")
-            assert run is not None and spec.run is not None
-            if run.decorator == spec.run.decorator:
-                raise TypeError(f"@{run.decorator} is applied twice to {spec.name}")
-            raise TypeError(
-                f"@limit_concurrency and @without_overlapping both hold a run lock: apply one "
-                f"of them to {spec.name}"
-            )
-        spec = dataclasses.replace(spec, once=once or spec.once, run=run or spec.run)
-    elif is_function:
-        spec = _new_spec(target, once, run)
-    else:
-        # A Celery task object or proxy (the decorator is above @shared_task / @app.task).
-        if "celery" in sys.modules:
-            from django_locks.contrib import celery as contrib
-
-            if contrib.is_task(target):
-                return contrib.decorate_task(target, lambda fn: _decorate(fn, once=once, run=run))
-        raise TypeError(
-            f"on_one_instance / without_overlapping / limit_concurrency decorate functions, "
-            f"management command handle() methods and Celery tasks, got {target!r}"
-        )
-    for key in (spec.once and spec.once.key, spec.run and spec.run.key):
-        if key:
-            check_template(key, spec.func)
-    if spec.run is not None:
-        conflicts.refuse_retry_for_commands(spec.name, spec.is_command, spec.run.on_conflict)
-    spec.claim()
-    return _build(spec)
-
-
-def _new_spec(func: Callable[..., Any], once: OnceSpec | None, run: RunSpec | None) -> JobSpec:
-    module = getattr(func, "__module__", "") or ""
-    is_command = ".management.commands." in f".{module}" and func.__qualname__.endswith(
-        "Command.handle"
-    )
-    is_async = inspect.iscoroutinefunction(func)
-    if is_command:
-        if is_async:
-            raise TypeError(f"{module}.{func.__qualname__} must not be async")
-        name = module.rsplit(".", 1)[-1]
-        default_key = name
-    else:
-        name = default_key = f"{module}.{func.__name__}"
-    return JobSpec(func, name, default_key, is_command, is_async, once, run)
-
-
-def _build(spec: JobSpec) -> Callable[..., Any]:
-    func = spec.func
-    if spec.is_command:
-
-        @functools.wraps(func)
-        def command_wrapper(*args: Any, **kwargs: Any) -> Any:
-            return run_command(spec, args, kwargs)
-
-        wrapper: Callable[..., Any] = command_wrapper
-    elif spec.is_async:
-
-        @functools.wraps(func)
-        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-            return await arun_function(spec, async_wrapper, args, kwargs)
-
-        wrapper = async_wrapper
-    else:
-
-        @functools.wraps(func)
-        def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
-            return run_function(spec, sync_wrapper, args, kwargs)
-
-        wrapper = sync_wrapper
-    setattr(wrapper, ATTRIBUTE, spec)
-    return wrapper
