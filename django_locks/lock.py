@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from django_locks.abort import AbortSignal
 from django_locks.aio import finish
@@ -12,6 +13,9 @@ from django_locks.durations import Duration, lease_ms
 from django_locks.exceptions import StoreError
 from django_locks.renewal import Keeper
 from django_locks.transactions import warn_if_in_atomic
+
+if TYPE_CHECKING:
+    from django_locks.atomic import LeaseAtomic
 
 logger = logging.getLogger("django_locks")
 
@@ -118,6 +122,22 @@ class Lock:
         if not keeper.stop():
             return False
         return await finish(keeper.free, lambda error: release_failed(self, error))
+
+    def atomic(self, using: str | None = None) -> LeaseAtomic:
+        """An outermost ``transaction.atomic()`` block on the lock store's own database whose
+        COMMIT is conditional on this lease: every write the block makes there commits before
+        any next holder of the key acquires it, or not at all (``LockLostError``, rolled back).
+
+        ``with lock.atomic():`` (sync only) yields the lock. ``using`` defaults to the
+        ``DatabaseStore``'s alias and may only name it. Refused with ``ValueError`` for a lock of
+        another store or a permit, with ``TransactionManagementError`` inside another atomic
+        block on the alias (``ATOMIC_REQUESTS`` included) and at REPEATABLE READ or
+        SERIALIZABLE, with ``ImproperlyConfigured`` on SQLite without ``transaction_mode``
+        IMMEDIATE. On PostgreSQL the server ends a block stalled (idle or in one statement)
+        longer than the lock's ttl. See the fencing topic."""
+        from django_locks.atomic import LeaseAtomic
+
+        return LeaseAtomic(self, using)
 
     def __enter__(self) -> Lock:
         return self

@@ -20,6 +20,7 @@ from typing import Literal
 from django_locks.abort import AbortController
 from django_locks.clock import Clock, TimerHandle
 from django_locks.events import Use
+from django_locks.exceptions import DetectedBy
 from django_locks.lease_ends import KeeperEnds
 from django_locks.policy import DRIFT as DRIFT  # where the API reference has long shown them
 from django_locks.policy import MARGIN as MARGIN
@@ -229,6 +230,22 @@ class Keeper(KeeperEnds):
             )
         if announce is not None:
             announce()
+
+    def check_failed(self, detected_by: DetectedBy = "renewal") -> BaseException:
+        """A check of the lease outside the renewer found it gone (``lock.atomic()``'s): lost,
+        and announced, unless it ended already. Returns why it ended (its signal's reason)."""
+        with self._mutex:
+            announce = self._lose(detected_by) if self.state == "held" else None
+        if announce is not None:
+            announce()
+        return self.signal.reason or self._released()
+
+    def check_passed(self, sent: float) -> None:
+        """A check sent at ``sent`` that also extended the lease by its ttl was committed
+        (``lock.atomic()`` on SQLite): it counts as a confirmed renewal."""
+        with self._mutex:
+            if self.state == "held" and self.clock.monotonic() < self.deadline:
+                self._confirmed(sent)
 
     def release(self, how: ReleaseReason = "released") -> bool:
         """Stop renewing and free the lease. ``True`` if the store confirmed it was still ours.
