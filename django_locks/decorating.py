@@ -15,12 +15,13 @@ import inspect
 import sys
 import types
 from collections.abc import Callable, Coroutine
-from typing import Any, ParamSpec, Protocol, TypeVar, overload
+from typing import Any, ParamSpec, Protocol, TypeVar, cast, overload
 
 from django_locks import conflicts, durations
 from django_locks.durations import Duration
 from django_locks.job import ATTRIBUTE, JobSpec, OnceSpec, RunSpec
 from django_locks.keys import check_template, template_fields, validate_key
+from django_locks.on_commit import check_release
 from django_locks.run import arun_function, run_command, run_function
 
 P = ParamSpec("P")
@@ -54,6 +55,8 @@ def run_spec(
     on_conflict: object,
     wait: Duration | None,
     max_retries: object,
+    release: object = "on_exit",
+    using: object = None,
     *,
     permits: int = 1,
     shared_key: object = False,
@@ -71,6 +74,8 @@ def run_spec(
         wait_ms=conflicts.check_wait(wait),
         max_retries=conflicts.check_max_retries(max_retries),
         shared_key=shared_key,
+        on_commit=check_release(release, using),
+        using=cast("str | None", using),
     )
     if policy == "replace":
         conflicts.refuse_replace_backend()
@@ -119,6 +124,13 @@ def wrap_job(target: Any, *, once: OnceSpec | None = None, run: RunSpec | None =
     for key in (spec.once and spec.once.key, spec.run and spec.run.key):
         if key:
             check_template(key, spec.func)
+    if spec.run is not None and spec.run.on_commit and spec.is_async:
+        raise TypeError(
+            f"@{spec.run.decorator}(release='on_commit') cannot decorate the coroutine function "
+            f"{spec.name}: Django has no async transaction.atomic(), so its run ends inside no "
+            "transaction whose commit could release the run lock. Decorate a synchronous "
+            "function (run it under sync_to_async), or leave release='on_exit'."
+        )
     if spec.run is not None:
         conflicts.refuse_retry_for_commands(spec.name, spec.is_command, spec.run.on_conflict)
     spec.claim()

@@ -36,6 +36,7 @@ from django_locks.decorating import (
 from django_locks.durations import Duration
 from django_locks.job import OWNER_SUFFIX, JobSpec, OnceSpec, job_spec
 from django_locks.keys import check_permits, permit_suffix
+from django_locks.on_commit import Release
 from django_locks.ownership import ELSEWHERE, IN_PROGRESS, release_owner_leases, skipped
 from django_locks.run import holder_text, set_task_name_hook
 
@@ -148,6 +149,8 @@ def without_overlapping(
     wait: Duration | None = None,
     max_retries: int = 3,
     shared_key: bool = False,
+    release: Release = "on_exit",
+    using: str | None = None,
 ) -> JobDecorator: ...
 
 
@@ -161,6 +164,8 @@ def without_overlapping(
     wait: Duration | None = None,
     max_retries: int = 3,
     shared_key: bool = False,
+    release: Release = "on_exit",
+    using: str | None = None,
 ) -> KeepingJobDecorator: ...
 
 
@@ -174,6 +179,8 @@ def without_overlapping(
     wait: Duration | None = None,
     max_retries: int = 3,
     shared_key: bool = False,
+    release: Release = "on_exit",
+    using: str | None = None,
 ) -> JobDecorator: ...
 
 
@@ -186,6 +193,8 @@ def without_overlapping(
     wait: Duration | None = None,
     max_retries: int = 3,
     shared_key: bool = False,
+    release: Release = "on_exit",
+    using: str | None = None,
 ) -> Any:
     """Never run the decorated job while a run of it holds the run lock ``<key>``, anywhere.
 
@@ -202,12 +211,16 @@ def without_overlapping(
     else is skipped). ``wait``: how long to wait for the lock before that (default 0; under
     ``"replace"``, how long to wait for the running one to stop: ttl + ttl/3 by default).
     ``shared_key=True``: other jobs use this key too, one run at a time among all of them
-    (each must set it). Usable bare or called.
+    (each must set it). ``release="on_commit"`` and ``using``: a run that ends inside
+    ``transaction.atomic()`` keeps the run lock until that transaction commits, as for
+    :meth:`Locks.lock` (a ``TypeError`` on a coroutine function). Usable bare or called.
     """
     if callable(key):
         return without_overlapping()(key)
     check_key_argument(key)
-    spec = run_spec(key, ttl, max_hold, on_conflict, wait, max_retries, shared_key=shared_key)
+    spec = run_spec(
+        key, ttl, max_hold, on_conflict, wait, max_retries, release, using, shared_key=shared_key
+    )
 
     def decorate(target: F) -> F:
         return cast(F, wrap_job(target, run=spec))
@@ -225,6 +238,8 @@ def limit_concurrency(
     on_conflict: Skipping = "skip",
     wait: Duration | None = None,
     max_retries: int = 3,
+    release: Release = "on_exit",
+    using: str | None = None,
 ) -> JobDecorator: ...
 
 
@@ -238,6 +253,8 @@ def limit_concurrency(
     on_conflict: Keeping,
     wait: Duration | None = None,
     max_retries: int = 3,
+    release: Release = "on_exit",
+    using: str | None = None,
 ) -> KeepingJobDecorator: ...
 
 
@@ -251,6 +268,8 @@ def limit_concurrency(
     on_conflict: OnConflict,
     wait: Duration | None = None,
     max_retries: int = 3,
+    release: Release = "on_exit",
+    using: str | None = None,
 ) -> JobDecorator: ...
 
 
@@ -263,6 +282,8 @@ def limit_concurrency(
     on_conflict: OnConflict = "skip",
     wait: Duration | None = None,
     max_retries: int = 3,
+    release: Release = "on_exit",
+    using: str | None = None,
 ) -> Any:
     """Run at most ``permits`` runs of the decorated job at once, anywhere: each run holds one
     of the key's permits (``<key>#<n>``) for the whole run, renewed and fenced like a lock.
@@ -275,10 +296,13 @@ def limit_concurrency(
     a run that finds every permit taken is skipped: logged, ``run_skipped`` sent with
     ``code="at_capacity"``, ``None`` returned. Every user of the key gives the same
     ``permits``. Needs a store offering permits (the database, Redis and in-memory stores).
+    ``release`` and ``using`` as for :func:`without_overlapping`.
     """
     count = check_permits(permits)
     check_key_argument(key, suffix=permit_suffix(count))
-    spec = run_spec(key, ttl, max_hold, on_conflict, wait, max_retries, permits=count)
+    spec = run_spec(
+        key, ttl, max_hold, on_conflict, wait, max_retries, release, using, permits=count
+    )
 
     def decorate(target: F) -> F:
         return cast(F, wrap_job(target, run=spec))

@@ -42,6 +42,8 @@ class RunSpec:
     wait_ms: int | None = None
     max_retries: int = 3
     shared_key: bool = False
+    on_commit: bool = False  # release="on_commit": the run lock follows `using`'s transaction
+    using: str | None = None
 
     @property
     def decorator(self) -> str:

@@ -18,6 +18,7 @@ from django_locks.aio import attempt
 from django_locks.events import Use
 from django_locks.exceptions import StoreError
 from django_locks.lock import Lock
+from django_locks.on_commit import end_block
 
 logger = logging.getLogger("django_locks")
 
@@ -52,6 +53,8 @@ class Release:
     completes whatever the cancellation (see ``Lock.arelease``)."""
 
     lock: Lock
+    commit_alias: str | None = None  # release="on_commit": once that alias's transaction ends
+    failed: bool = False  # the run raised (under several aliases, logged instead of raised)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +117,10 @@ def drive(locks: Any, steps: Steps, call: Callable[[], Any]) -> Any:
             elif isinstance(step, Preempt):
                 answer = locks._preempt(step.key)
             elif isinstance(step, Release):
-                step.lock.__exit__(None, None, None)  # the lock's own block end
+                if step.commit_alias is None:
+                    step.lock.__exit__(None, None, None)  # the lock's own block end
+                else:
+                    end_block(step.lock, step.commit_alias, failed=step.failed)
             else:
                 _hold_and_leave(step.lock, step.ms)
         except BaseException as exc:

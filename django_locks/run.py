@@ -21,6 +21,7 @@ from django_locks.exceptions import LockNotAcquiredError
 from django_locks.holders import Holder
 from django_locks.job import JobSpec
 from django_locks.lock import Lock
+from django_locks.on_commit import commit_alias, refuse_several
 from django_locks.ownership import ELSEWHERE, log_owner, skipped, sticky
 from django_locks.protocol import CALL, Acquire, LeaveFor, Release, Step, Steps, adrive, drive
 
@@ -107,6 +108,9 @@ def _run_lock_steps(
     ttl_ms = _ttl_ms(locks, run.ttl_ms)
     max_hold_ms = locks.max_hold_ms if run.max_hold_ms is None else run.max_hold_ms
     wait_s = conflicts.first_wait_s(run)
+    alias = commit_alias(locks.store, run.using) if run.on_commit else None
+    if alias is not None:
+        refuse_several(alias, run_key)
     tried = Acquire(run_key, ttl_ms, label, "run", run.permits, wait_s, max_hold_ms)
     lock = yield tried
     if not isinstance(lock, Lock):
@@ -122,12 +126,15 @@ def _run_lock_steps(
         if lock is None:
             return False, None
     unlink = _link(owner, lock)
+    failed = True
     try:
         with running_under(lock):
-            return True, (yield CALL)
+            result = yield CALL
+        failed = False
+        return True, result
     finally:
         unlink()
-        yield Release(lock)
+        yield Release(lock, alias, failed)
 
 
 def _owner_acquire(spec: JobSpec, locks: Any, key: str, label: str) -> Acquire:
