@@ -29,6 +29,22 @@ def test_sqlite_in_production_is_a_warning():
 
 
 @pytest.mark.django_db
+def test_check_deploy_names_transaction_mode_immediate_for_lock_atomic():
+    store = DatabaseStore("default")
+    options = connection.settings_dict.setdefault("OPTIONS", {})
+    with override_settings(DEBUG=True):
+        assert store.check() == []  # not without --deploy
+        (message,) = [m for m in store.check(deploy=True) if m.id == "django_locks.W104"]
+        assert "lock.atomic()" in message.msg
+        assert "'transaction_mode'] = 'IMMEDIATE'" in message.hint
+        options["transaction_mode"] = "IMMEDIATE"
+        try:
+            assert "django_locks.W104" not in [m.id for m in store.check(deploy=True)]
+        finally:
+            del options["transaction_mode"]
+
+
+@pytest.mark.django_db
 def test_the_schema_check_passes_on_a_migrated_sqlite_database():
     store = DatabaseStore("default")
     assert [m.id for m in store.check(databases=["default"])] == ["django_locks.W101"]

@@ -1,4 +1,5 @@
-"""The database store's system checks: E101, E102 (no I/O), W101, and W102 / W103 (with I/O)."""
+"""The database store's system checks: E101, E102, W101, W104 (no I/O), and W102 / W103 (with
+I/O)."""
 
 from __future__ import annotations
 
@@ -77,9 +78,29 @@ def store_messages(
                 id="django_locks.W101",
             )
         )
+    if vendor == "sqlite" and deploy:
+        messages.extend(_transaction_mode_messages(store.using))
     if deploy or (databases is not None and store.using in databases):
         messages.extend(_schema_messages(store))
     return messages
+
+
+def _transaction_mode_messages(using: str) -> list[Any]:
+    """W104 (``check --deploy``): SQLite without ``transaction_mode`` IMMEDIATE, which
+    ``lock.atomic()`` needs (it refuses to run without it)."""
+    mode = connections[using].settings_dict.get("OPTIONS", {}).get("transaction_mode")
+    if mode in ("IMMEDIATE", "EXCLUSIVE"):
+        return []
+    return [
+        checks.Warning(
+            f"The lock store's SQLite database {using!r} begins its transactions DEFERRED "
+            f"(transaction_mode {mode!r}): lock.atomic() refuses to run there, and a "
+            "transaction.atomic() block that writes waits for the file's write lock midway.",
+            hint=f"Set DATABASES[{using!r}]['OPTIONS']['transaction_mode'] = 'IMMEDIATE' "
+            "(Django 5.1+); silence django_locks.W104 if the project never uses lock.atomic().",
+            id="django_locks.W104",
+        )
+    ]
 
 
 def _schema_messages(store: DatabaseStore) -> list[Any]:
