@@ -175,10 +175,10 @@ def test_behind_pgbouncer_in_transaction_mode(postgres_server: Any) -> None:
                 "current_setting('idle_in_transaction_session_timeout')"
             )
             assert cursor.fetchone() == ("0", "0")
-        lock = service.acquire(name)
-        assert lock is not None
-        store.end(name, lock.owner, "released")
-        with pytest.raises(LockLostError), lock.atomic():
+        again = service.acquire(name)
+        assert again is not None
+        store.end(name, again.owner, "released")
+        with pytest.raises(LockLostError), again.atomic():
             StockCount.objects.using("pgbouncer").create(product=f"{name}:lost", count=1)
     finally:
         store.close()
