@@ -1,6 +1,7 @@
 """The fault suite in CI: baseline, holder pause, hung connection and delayed write, 30 s each on
-PostgreSQL and on Redis, and the permits, replace and max_hold scenarios for 15 s on each, failing
-on any violation the checker finds (tests/faults/).
+PostgreSQL and on Redis, the permits, replace and max_hold scenarios for 15 s on each, and holder
+pause for 25 s on the SQLite store, failing on any violation the checker finds (tests/faults/),
+an atomic canary's lost update among them (PostgreSQL and SQLite).
 
 The full matrix is one command (docs/internals/faults.rst):
 ``python -m tests.faults --matrix --duration 120 --runs 5``.
@@ -22,6 +23,7 @@ from tests.faults.servers import Servers
 CI_DURATION = 30.0
 CI_PERMITS_DURATION = 15.0
 CI_JOBS_DURATION = 15.0
+CI_SQLITE_DURATION = 25.0
 """The replace and max_hold scenarios' (the docs' table has the 60 s runs)."""
 LATENESS_P99_BOUND_MS = 500.0
 """A generous bound for noisy CI machines; the long run reports the real figure."""
@@ -71,6 +73,27 @@ def test_no_violation_under_faults(
         assert sum(report.lost_by.values()) > 0, summary
     if scenario == "delayed_write":
         assert report.refused_fenced > 0, summary
+    if store == "postgres":
+        # The atomic canary ran (report.ok says it lost nothing).
+        assert report.atomic["committed"] > 10, summary
+
+
+@pytest.mark.faults
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_the_atomic_canary_loses_nothing_on_the_sqlite_store(
+    fault_servers: Servers, tmp_path: Any
+) -> None:
+    """Holders paused on the SQLite store (a WAL file; lock.atomic() with transaction_mode
+    IMMEDIATE): the atomic canary loses no update (the docs' table has the 120 s runs)."""
+    config = RunConfig(
+        "holder_pause", "sqlite", duration=CI_SQLITE_DURATION, seed=1, out=tmp_path / "history"
+    )
+    report, summary = run(config, fault_servers)
+    print(summary)
+    assert report.ok, "\n".join([summary, *report.details[:20]])
+    assert report.acquisitions > 20 and sum(report.faults.values()) >= 2, summary
+    assert report.atomic["committed"] > 10, summary
 
 
 @pytest.mark.faults

@@ -3,6 +3,7 @@
     python -m tests.faults --scenario holder_pause --store postgres --duration 30 --seed 1
     python -m tests.faults --scenario permits --store redis --duration 60 --seed 1
     python -m tests.faults --scenario replace --store postgres --duration 60 --seed 1
+    python -m tests.faults --scenario holder_pause --store sqlite --duration 120 --seed 1
     python -m tests.faults --matrix --duration 120 --runs 5 --out artifacts/faults
 
 Prints one summary line per run; exits 1 when any run found a violation (the Redis
@@ -18,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.faults.harness import ONLY, SCENARIOS, RunConfig, run
+from tests.faults.harness import SCENARIOS, STORES, RunConfig, run, stores_of
 from tests.faults.servers import Servers
 
 EXPECTED_TO_FAIL = {("redis", "store_restart_everysec")}
@@ -31,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--scenario", choices=list(SCENARIOS), default="baseline")
-    parser.add_argument("--store", choices=["postgres", "redis"], default="postgres")
+    parser.add_argument("--store", choices=list(STORES), default="postgres")
     parser.add_argument("--duration", type=float, default=30.0, help="seconds of faults per run")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--runs", type=int, default=5, help="runs per scenario and store (matrix)")
     parser.add_argument("--scenarios", help="comma-separated subset of scenarios (matrix)")
-    parser.add_argument("--stores", default="postgres,redis", help="stores (matrix)")
+    parser.add_argument("--stores", default=",".join(STORES), help="stores (matrix)")
     parser.add_argument("--out", type=Path, help="directory for histories and results")
     args = parser.parse_args(argv)
 
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for scenario in scenarios:
             for store in args.stores.split(","):
-                if ONLY.get(scenario, store) != store:
+                if store not in stores_of(scenario):
                     continue
                 for i in range(args.runs):
                     run_name = f"{store}-{scenario}-{i}"

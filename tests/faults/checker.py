@@ -31,7 +31,9 @@ across every slot of the key (its one sequence), and ``over_permits`` over the k
 whatever permit they name.
 
 The ``replace`` and ``max_hold`` scenarios' own violations and figures (preempt requests,
-preemptions, caps, the takeover after a cap) are tests/faults/job_checks.py's.
+preemptions, caps, the takeover after a cap) are tests/faults/job_checks.py's; the atomic
+canary's (``atomic_canary_lost``, how its blocks ended, the store acquire calls' times) are
+tests/faults/atomic_checks.py's; the lateness and takeover figures tests/faults/figures.py's.
 
 Figures: lateness of ``deadline`` losses (loss instant minus deadline, leaving out processes that
 were stopped at their deadline), takeover after a holder crash (kill to the next holder's
@@ -49,6 +51,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.faults.atomic_checks import ATOMIC_VIOLATIONS, atomic_summary, check_atomic
+from tests.faults.figures import CRASHES, lateness, takeover
 from tests.faults.job_checks import JOB_VIOLATIONS, check_jobs, job_figures, job_summary
 
 BASE_VIOLATIONS = (
@@ -59,9 +63,7 @@ BASE_VIOLATIONS = (
     "fenced_lost",
     "over_permits",
 )
-VIOLATIONS = BASE_VIOLATIONS + JOB_VIOLATIONS
-PAUSES = {"holder_pause", "leader_pause"}
-CRASHES = {"holder_kill", "leader_kill"}
+VIOLATIONS = BASE_VIOLATIONS + ATOMIC_VIOLATIONS + JOB_VIOLATIONS
 
 
 @dataclass
@@ -102,6 +104,9 @@ class Report:
     jobs_run: bool = False  # replace / max_hold events: tests/faults/job_checks.py's figures
     jobs: Counter[str] = field(default_factory=Counter)
     samples: defaultdict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    atomic: Counter[str] = field(default_factory=Counter)  # tests/faults/atomic_checks.py's
+    acquire_calls: list[float] = field(default_factory=list)  # seconds each store acquire took
+    pending_waits: list[float] = field(default_factory=list)  # those during another's commit
 
     @property
     def ok(self) -> bool:
@@ -131,6 +136,7 @@ class Report:
             f"p50={f['takeover_p50_s']} p99={f['takeover_p99_s']} (n={len(self.takeover)}) | "
             f"canary_lost_updates={self.canary_lost}"
             + (f" | peak_holders={self.peak_holders}" if self.peak_holders else "")
+            + (f" | {atomic_summary(self)}" if self.atomic else "")
             + (f" | {job_summary(self)}" if self.jobs_run else "")
         )
 
@@ -148,6 +154,12 @@ class Report:
             "canary_lost": self.canary_lost,
             "peak_holders": self.peak_holders,
             "jobs": dict(self.jobs),
+            "atomic": dict(self.atomic),
+            "atomic_canary_lost": self.violations["atomic_canary_lost"],
+            "acquire_call_max_ms": _ms(max(self.acquire_calls, default=math.nan)),
+            "acquire_call_p99_ms": _ms(percentile(self.acquire_calls, 99)),
+            "pending_wait_max_ms": _ms(max(self.pending_waits, default=math.nan)),
+            "pending_wait_n": len(self.pending_waits),
             **job_figures(self.samples),
             "lateness_n": len(self.lateness),
             "takeover_n": len(self.takeover),
@@ -204,8 +216,9 @@ def check(events: list[dict[str, Any]]) -> Report:
     _check_writes(by_kind["write"], report)
     _check_counters(by_kind["write"], by_kind["counter"], report)
     late = {(w.pid, w.key, w.token) for w in windows if w.empty}
-    _lateness(by_kind["lost"], by_kind["fault"], late, report)
-    _takeover(by_kind, report)
+    lateness(by_kind["lost"], by_kind["fault"], late, report)
+    takeover(by_kind, report)
+    check_atomic(by_kind, report)
     check_jobs(by_kind, report)
     return report
 
@@ -388,55 +401,3 @@ def _check_counters(
             )
         elif counter["kind"] == "canary":
             report.canary_lost += max(lost, 0)
-
-
-def _stopped(pid: int, instant: float, faults: list[dict[str, Any]]) -> bool:
-    return any(
-        f.get("pid") == pid and f["start"] - 0.05 <= instant <= f["end"] + 0.05
-        for f in faults
-        if f["kind"] in PAUSES
-    )
-
-
-def _lateness(
-    losses: list[dict[str, Any]],
-    faults: list[dict[str, Any]],
-    late_oks: set[tuple[int, str, int]],
-    report: Report,
-) -> None:
-    for loss in losses:
-        report.lost_by[loss["by"]] += 1
-        if loss["by"] != "deadline" or loss.get("deadline") is None:
-            continue
-        # An acquire whose answer came after its deadline is lost the moment it arrives: that
-        # is the late reply, not the engine's lateness.
-        if (loss["pid"], loss["key"], loss["token"]) in late_oks:
-            continue
-        # A process stopped at its deadline learns it when it runs again: that is the pause,
-        # not the engine's lateness.
-        if _stopped(loss["pid"], loss["deadline"], faults):
-            continue
-        report.lateness.append(loss["t"] - loss["deadline"])
-
-
-def _takeover(by_kind: dict[str, list[dict[str, Any]]], report: Report) -> None:
-    # With permits, a crashed holder's takeover is the next acquire of its own slot (another
-    # slot may well be free sooner).
-    starts: dict[str, list[tuple[float, int]]] = defaultdict(list)
-    slots: dict[tuple[int, str, int], str] = {}
-    for event in by_kind["ok"]:
-        slot = event["key"] if event.get("permit") is None else f"{event['key']}#{event['permit']}"
-        slots[(event["pid"], event["key"], event["token"])] = slot
-        starts[slot].append((event["t"], event["pid"]))
-    for write in by_kind["write"]:
-        if write["kind"] == "leader" and write["accepted"]:
-            starts[write["key"]].append((write["start"], write["pid"]))
-    for instants in starts.values():
-        instants.sort()
-    for fault in by_kind["fault"]:
-        if fault["kind"] not in CRASHES or fault.get("key") is None:
-            continue
-        slot = slots.get((fault["pid"], fault["key"], fault.get("token", -1)), fault["key"])
-        after = [t for t, pid in starts[slot] if t > fault["start"] and pid != fault["pid"]]
-        if after:
-            report.takeover.append(after[0] - fault["start"])

@@ -52,8 +52,35 @@ SCENARIOS: dict[str, str] = {
     "max_hold": "4 workers on one key with max_hold=1.5s: jobs that hang past their lease or work "
     "until the signal aborts",
 }
-ONLY = {"store_restart_everysec": "redis", "atomic_pgbouncer": "postgres"}
+STORES = ("postgres", "redis", "sqlite")
+SQLITE_SCENARIOS = ("baseline", "holder_pause", "request_pause", "holder_kill")
+"""Where the SQLite store applies: no server to pause, restart or cut off (a file on this
+machine); not ``delayed_write`` (an atomic block held open 1.5 to 3 ttl stops every writer of the
+file: what the docs tell users not to do), nor ``wallclock`` (SQLite's "now" is each process's
+wall clock)."""
+ONLY: dict[str, tuple[str, ...]] = {
+    "store_restart_everysec": ("redis",),
+    "atomic_pgbouncer": ("postgres",),
+    **{name: ("postgres", "redis") for name in SCENARIOS if name not in SQLITE_SCENARIOS},
+}
+"""The stores each scenario runs on, when not every store."""
+ATOMIC_CANARY = {"postgres": 1.0, "sqlite": 0.5}
+"""The share of rounds with the atomic canary, on the stores where ``lock.atomic()`` applies
+(tests/faults/atomic_canary.py). On SQLite half: a holder paused inside its block stops every
+writer of the file, the competitor's acquire included, so only the other rounds show what the
+plain canary loses."""
+NO_ATOMIC_CANARY = ("permits", "replace", "max_hold", "leader")
+"""Scenarios whose rounds have no atomic canary (permits refuse ``lock.atomic()``)."""
+SQLITE_SECTION = 0.25
+"""On SQLite, critical sections (and so atomic blocks) last up to this many ttl: "well under
+ttl/3", as the docs ask of blocks that hold the file's write lock."""
 CI_SCENARIOS = ("baseline", "holder_pause", "hung_connection", "delayed_write")
+
+
+def stores_of(scenario: str) -> tuple[str, ...]:
+    return ONLY.get(scenario, STORES)
+
+
 LONG_SECTIONS = {"hung_connection": 3, "store_pause": 3, "permits": 2, "replace": 2}
 """A critical section of at most 2 s ends before the deadline of a 2 s lease (1.98 s after the
 last renewal sent), so a store that stops answering would never cost a lock: under these faults
@@ -92,15 +119,24 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.scenario not in SCENARIOS:
             raise ValueError(f"unknown scenario {self.scenario!r}: one of {', '.join(SCENARIOS)}")
-        if self.store not in ("postgres", "redis"):
-            raise ValueError(f"`store` must be 'postgres' or 'redis', got {self.store!r}")
-        if ONLY.get(self.scenario, self.store) != self.store:
-            raise ValueError(f"{self.scenario} runs on {ONLY[self.scenario]} only")
+        if self.store not in STORES:
+            raise ValueError(f"`store` must be one of {', '.join(STORES)}, got {self.store!r}")
+        if self.store not in stores_of(self.scenario):
+            raise ValueError(f"{self.scenario} runs on {', '.join(stores_of(self.scenario))} only")
         for name, value in (DEFAULTS | OWN_DEFAULTS.get(self.scenario, {})).items():
             if not getattr(self, name):
                 setattr(self, name, value)
+        if self.cs_max is None and self.store == "sqlite":
+            self.cs_max = SQLITE_SECTION * self.ttl
         if self.cs_max is None:
             self.cs_max = LONG_SECTIONS.get(self.scenario, 0) * self.ttl or 2.0
+
+    @property
+    def atomic_share(self) -> float:
+        """The share of rounds with the atomic canary (0: none)."""
+        if self.scenario in NO_ATOMIC_CANARY:
+            return 0.0
+        return ATOMIC_CANARY.get(self.store, 0.0)
 
 
 class Run(Nemesis):
@@ -137,6 +173,8 @@ class Run(Nemesis):
         if self.config.store == "redis":
             assert self.redis is not None
             return {"kind": "redis", "url": f"redis://127.0.0.1:{port or self.redis.port}/0"}, None
+        if self.config.store == "sqlite":
+            return {"kind": "sqlite", "using": "store"}, None
         if self.config.scenario == "atomic_pgbouncer":
             bouncer = self.servers.start_pgbouncer()
             # Release notices need a session: waiters LISTEN on the direct connection.
@@ -168,8 +206,10 @@ class Run(Nemesis):
             "atomic": self.config.scenario == "atomic_pgbouncer",
             "scenario": self.config.scenario,
             "max_hold": self.config.max_hold or None,
+            "atomic_canary": self.config.atomic_share > 0,
+            "atomic_share": self.config.atomic_share,
         }
-        env = self.servers.env(port, worker=worker)
+        env = self.servers.env(port, worker=worker, sqlite=self.config.store == "sqlite")
         if self.config.scenario == "wallclock":
             rc = self.out / f"faketime-{index}.rc"
             rc.write_text("+0\n")
@@ -233,7 +273,7 @@ class Run(Nemesis):
 
     def execute(self) -> Report:
         config = self.config
-        self.servers.reset(self.rows())
+        self.servers.reset(self.rows(), sqlite=config.store == "sqlite")
         # The run_leader writer's own row (tests/testapp/leaders.py): fenced increments.
         self.servers.sql(
             "INSERT INTO testapp_stockcount (product, count, fencing_token) VALUES (%s, 0, 0)",
@@ -290,12 +330,11 @@ class Run(Nemesis):
             self.redis.destroy()
 
     def finish(self) -> Report:
-        for product, value in self.servers.counters():
+        kinds = {"f": "fenced", "c": "canary", "a": "atomic"}
+        for product, value in self.servers.counters(sqlite=self.config.store == "sqlite"):
             kind, _, key = product.partition(":")
-            if kind in ("f", "c"):
-                self.record(
-                    "counter", kind="fenced" if kind == "f" else "canary", key=key, value=value
-                )
+            if kind in kinds:
+                self.record("counter", kind=kinds[kind], key=key, value=value)
         if self.config.scenario == "leader":
             rows = self.servers.sql(
                 "SELECT key, pid, fencing_token, started, ended, accepted FROM testapp_leaderwrite"

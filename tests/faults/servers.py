@@ -1,5 +1,6 @@
 """The fault suite's servers: one PostgreSQL cluster (the protected counters, and the leases of
-the DatabaseStore), a redis-server per run, a PgBouncer on demand; pausing and restarting them.
+the DatabaseStore), a redis-server per run, a PgBouncer and a SQLite file on demand; pausing and
+restarting them.
 
 Built on the test suite's own server classes (tests/servers/); nothing here depends on pytest.
 """
@@ -8,9 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +29,7 @@ DATABASE = "faults"
 COUNTERS = "testapp_stockcount"
 LEADER_WRITES = "testapp_leaderwrite"
 LEASES = "django_locks_lease"
+MIGRATE = [sys.executable, "-m", "django", "migrate", "--run-syncdb", "-v0"]
 
 
 class Servers:
@@ -33,6 +38,7 @@ class Servers:
     def __init__(self) -> None:
         self.postgres: PostgresServer | None = None
         self.pgbouncer: PgBouncerServer | None = None
+        self.sqlite: Path | None = None  # the SQLite store's file, once started
 
     def start(self) -> Servers:
         self.postgres = PostgresServer().start()
@@ -42,7 +48,7 @@ class Servers:
         finally:
             conn.close()
         subprocess.run(
-            [sys.executable, "-m", "django", "migrate", "--run-syncdb", "-v0"],
+            MIGRATE,
             env=self.env(),
             cwd=ROOT,
             check=True,
@@ -58,12 +64,18 @@ class Servers:
         }
 
     def env(
-        self, store_port: int | None = None, *, worker: dict[str, Any] | None = None
+        self,
+        store_port: int | None = None,
+        *,
+        worker: dict[str, Any] | None = None,
+        sqlite: bool = False,
     ) -> dict[str, str]:
         """The environment of a worker: ``default`` direct, ``store`` on ``store_port`` (a proxy
         route or PgBouncer; Django keeps server-side prepared statements off, as PgBouncer's
-        transaction mode needs); ``worker``: a fault worker's configuration."""
-        databases = {"default": self.database(), "store": self.database(store_port)}
+        transaction mode needs), or with ``sqlite`` the SQLite file; ``worker``: a fault
+        worker's configuration."""
+        store = self.sqlite_database() if sqlite else self.database(store_port)
+        databases = {"default": self.database(), "store": store}
         settings = "tests.faults.settings"
         return child_env(settings=settings, databases=databases, faults_worker=worker)
 
@@ -77,20 +89,70 @@ class Servers:
         finally:
             conn.close()
 
-    def reset(self, keys: list[str]) -> None:
-        """Fresh counters (fenced ``f:<key>`` and canary ``c:<key>``), no leases, no leader log."""
+    def reset(self, keys: list[str], *, sqlite: bool = False) -> None:
+        """Fresh counters (fenced ``f:<key>``, canary ``c:<key>``, atomic canary ``a:<key>``),
+        no leases, no leader log; with ``sqlite`` the atomic canary's rows and the leases in the
+        SQLite file."""
         self.sql(f"DELETE FROM {COUNTERS}")
         self.sql(f"DELETE FROM {LEASES}")
         self.sql(f"DELETE FROM {LEADER_WRITES}")
         for key in keys:
-            for kind in ("f", "c"):
+            for kind in ("f", "c") if sqlite else ("f", "c", "a"):
                 self.sql(
                     f"INSERT INTO {COUNTERS} (product, count, fencing_token) VALUES (%s, 0, 0)",
                     f"{kind}:{key}",
                 )
+        if sqlite:
+            self.start_sqlite()
+            self.sqlite_sql(f"DELETE FROM {COUNTERS}")
+            self.sqlite_sql(f"DELETE FROM {LEASES}")
+            for key in keys:
+                self.sqlite_sql(
+                    f"INSERT INTO {COUNTERS} (product, count, fencing_token) VALUES (?, 0, 0)",
+                    f"a:{key}",
+                )
 
-    def counters(self) -> list[tuple[str, int]]:
-        return [(str(p), int(c)) for p, c in self.sql(f"SELECT product, count FROM {COUNTERS}")]
+    def counters(self, *, sqlite: bool = False) -> list[tuple[str, int]]:
+        """Every counter: the atomic canary's from the SQLite file with ``sqlite``."""
+        rows = self.sql(f"SELECT product, count FROM {COUNTERS}")
+        if sqlite:
+            rows = [r for r in rows if not r[0].startswith("a:")]
+            rows += self.sqlite_sql(f"SELECT product, count FROM {COUNTERS}")
+        return [(str(p), int(c)) for p, c in rows]
+
+    # The SQLite store: one file in WAL mode, shared by the workers of every SQLite run.
+
+    def sqlite_database(self) -> dict[str, Any]:
+        assert self.sqlite is not None
+        return {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": str(self.sqlite),
+            # lock.atomic() needs it (Django 5.1+): the write lock from BEGIN to COMMIT.
+            "OPTIONS": {"transaction_mode": "IMMEDIATE"},
+        }
+
+    def start_sqlite(self) -> Path:
+        """The file, migrated and in WAL mode (a mode the file keeps), on first use."""
+        if self.sqlite is None:
+            self.sqlite = Path(tempfile.mkdtemp(prefix="faults-sqlite-")) / "store.sqlite3"
+            subprocess.run(
+                [*MIGRATE, "--database", "store"],
+                env=self.env(sqlite=True),
+                cwd=ROOT,
+                check=True,
+                timeout=300,
+            )
+            mode = self.sqlite_sql("PRAGMA journal_mode = WAL")
+            assert mode == [("wal",)], mode
+        return self.sqlite
+
+    def sqlite_sql(self, statement: str, *params: Any) -> list[Any]:
+        assert self.sqlite is not None
+        conn = sqlite3.connect(self.sqlite, timeout=30, isolation_level=None)
+        try:
+            return list(conn.execute(statement, params).fetchall())
+        finally:
+            conn.close()
 
     def start_pgbouncer(self) -> PgBouncerServer:
         assert self.postgres is not None
@@ -135,6 +197,9 @@ class Servers:
         )
 
     def destroy(self) -> None:
+        if self.sqlite is not None:
+            shutil.rmtree(self.sqlite.parent, ignore_errors=True)
+            self.sqlite = None
         if self.pgbouncer is not None:
             self.pgbouncer.destroy()
             self.pgbouncer = None

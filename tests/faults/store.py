@@ -1,4 +1,5 @@
-"""The lock store a fault worker uses, and a wrapper that holds back one reply on demand."""
+"""The lock store a fault worker uses: the store's own class with one reply held back on demand,
+and every acquire call timed."""
 
 from __future__ import annotations
 
@@ -8,41 +9,31 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from django_locks.holders import Holder
-from django_locks.stores.base import (
-    LeaveReason,
-    LockStore,
-    PermitGrant,
-    ReleaseReason,
-    Renewed,
-)
+from django_locks.stores.base import LockStore, PermitGrant, Renewed
 
 
-def build_store(spec: dict[str, Any]) -> LockStore:
-    """From ``{"kind": "redis", "url": ...}`` or ``{"kind": "postgres", "using": ...}``."""
-    if spec["kind"] == "redis":
-        from django_locks.stores import RedisStore
+class Delaying(LockStore):
+    """Mixed into the store's own class (:func:`build_store`), so that the worker's store *is* a
+    ``DatabaseStore`` or a ``RedisStore``: every method the service calls runs the store's own
+    code, and ``lock.atomic()`` finds the store it needs.
 
-        return RedisStore(url=spec["url"], socket_timeout=5)
-    from django_locks.stores import DatabaseStore
+    Once armed, the next acquire (``acquire``, ``acquire_as``, ``acquire_permit``) or renewal
+    (``renew``, ``renew_many``) is sent and served at once but its answer reaches the caller only
+    ``delay`` seconds later: a process paused right after sending a request (the late "OK" must
+    not count). Each acquire call is recorded (``acall``: when it was sent, how long the store
+    took, whether it was granted): the time a competitor's acquire waited on the store, a
+    pending conditional commit of ``lock.atomic()`` included."""
 
-    return DatabaseStore(spec["using"], listen_using=spec.get("listen", True))
+    _record: Callable[..., None]
+    _mutex: threading.Lock
+    _delay: float | None
+    _depth: threading.local
 
-
-class DelayingStore(LockStore):
-    """Delegates to ``inner``; once armed, the next acquire (``acquire``, ``acquire_as``,
-    ``acquire_permit``) or renewal (``renew``, ``renew_many``) is sent and served at once but its
-    answer reaches the caller only ``delay`` seconds later: a process paused right after sending
-    a request (the late "OK" must not count).
-
-    It forwards every method the service calls (the holder-recording acquire, ``end`` and
-    ``leave``, batched renewals, permits, preempt requests), so that the workers run the
-    store's own code paths, as a process of the project would."""
-
-    def __init__(self, inner: LockStore, record: Callable[..., None]) -> None:
-        self.inner = inner
+    def delaying(self, record: Callable[..., None]) -> None:
         self._record = record
         self._mutex = threading.Lock()
-        self._delay: float | None = None
+        self._delay = None
+        self._depth = threading.local()
 
     def arm(self, delay: float) -> None:
         with self._mutex:
@@ -56,27 +47,40 @@ class DelayingStore(LockStore):
         self._record("reply_delayed", op=op, key=key, sent=sent, delay=delay, result=result)
         time.sleep(delay)
 
+    def _timed(self, key: str, call: Callable[[], Any], granted: Callable[[Any], bool]) -> Any:
+        """``call()``, recorded as one ``acall`` unless it is an acquire inside another (a
+        store's ``acquire`` made of its ``acquire_as``)."""
+        depth = getattr(self._depth, "n", 0)
+        self._depth.n = depth + 1
+        sent = time.monotonic()
+        try:
+            result = call()
+        finally:
+            self._depth.n = depth
+        if depth == 0:
+            took = time.monotonic() - sent
+            self._record("acall", key=key, sent=sent, took=took, granted=granted(result))
+            if granted(result):
+                self._hold_back("acquire", key, sent, _shown(result))
+        return result
+
     def acquire(
         self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None
     ) -> int | None:
-        sent = time.monotonic()
-        token = self.inner.acquire(key, owner, ttl_ms, timeout=timeout)
-        if token is not None:
-            self._hold_back("acquire", key, sent, token)
-        return token
+        return self._timed(  # type: ignore[no-any-return]
+            key,
+            lambda: super(Delaying, self).acquire(key, owner, ttl_ms, timeout=timeout),
+            lambda token: token is not None,
+        )
 
     def acquire_as(
         self, key: str, owner: str, ttl_ms: int, holder: Holder, *, timeout: float | None = None
     ) -> int | Holder | None:
-        sent = time.monotonic()
-        token = self.inner.acquire_as(key, owner, ttl_ms, holder, timeout=timeout)
-        if isinstance(token, int):
-            self._hold_back("acquire", key, sent, token)
-        return token
-
-    @property
-    def supports_permits(self) -> bool:  # type: ignore[override]
-        return self.inner.supports_permits
+        return self._timed(  # type: ignore[no-any-return]
+            key,
+            lambda: super(Delaying, self).acquire_as(key, owner, ttl_ms, holder, timeout=timeout),
+            lambda token: isinstance(token, int),
+        )
 
     def acquire_permit(
         self,
@@ -88,15 +92,17 @@ class DelayingStore(LockStore):
         *,
         timeout: float | None = None,
     ) -> PermitGrant | Holder | None:
-        sent = time.monotonic()
-        grant = self.inner.acquire_permit(key, owner, ttl_ms, permits, holder, timeout=timeout)
-        if isinstance(grant, PermitGrant):
-            self._hold_back("acquire", key, sent, list(grant))
-        return grant
+        return self._timed(  # type: ignore[no-any-return]
+            key,
+            lambda: super(Delaying, self).acquire_permit(
+                key, owner, ttl_ms, permits, holder, timeout=timeout
+            ),
+            lambda grant: isinstance(grant, PermitGrant),
+        )
 
     def renew(self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None) -> Renewed:
         sent = time.monotonic()
-        renewed = self.inner.renew(key, owner, ttl_ms, timeout=timeout)
+        renewed = super().renew(key, owner, ttl_ms, timeout=timeout)
         self._hold_back("renew", key, sent, renewed)
         return renewed
 
@@ -104,32 +110,28 @@ class DelayingStore(LockStore):
         self, leases: Sequence[tuple[str, str, int]], *, timeout: float | None = None
     ) -> Sequence[Renewed]:
         sent = time.monotonic()
-        renewed = self.inner.renew_many(leases, timeout=timeout)
+        renewed = super().renew_many(leases, timeout=timeout)
         self._hold_back("renew", ",".join(key for key, _, _ in leases), sent, renewed)
         return renewed
 
-    @property
-    def supports_preempt(self) -> bool:  # type: ignore[override]
-        return self.inner.supports_preempt
 
-    def preempt(self, key: str, *, timeout: float | None = None) -> int | None:
-        return self.inner.preempt(key, timeout=timeout)
+def _shown(result: object) -> object:
+    return list(result) if isinstance(result, PermitGrant) else result
 
-    def release(self, key: str, owner: str, *, timeout: float | None = None) -> bool:
-        return self.inner.release(key, owner, timeout=timeout)
 
-    def end(
-        self, key: str, owner: str, how: ReleaseReason, *, timeout: float | None = None
-    ) -> bool:
-        return self.inner.end(key, owner, how, timeout=timeout)
+def build_store(spec: dict[str, Any], record: Callable[..., None]) -> Delaying:
+    """From ``{"kind": "redis", "url": ...}``, ``{"kind": "postgres", "using": ..., "listen":
+    ...}`` or ``{"kind": "sqlite", "using": ...}`` (no release notices on SQLite)."""
+    cls: type[LockStore]
+    if spec["kind"] == "redis":
+        from django_locks.stores import RedisStore
 
-    def leave(
-        self, key: str, owner: str, ttl_ms: int, how: LeaveReason, *, timeout: float | None = None
-    ) -> bool:
-        return self.inner.leave(key, owner, ttl_ms, how, timeout=timeout)
+        cls, args = RedisStore, {"url": spec["url"], "socket_timeout": 5}
+    else:
+        from django_locks.stores import DatabaseStore
 
-    def wait_for_release(self, key: str, timeout: float) -> bool:
-        return self.inner.wait_for_release(key, timeout)
-
-    def close(self) -> None:
-        self.inner.close()
+        listen = spec.get("listen", True) if spec["kind"] == "postgres" else False
+        cls, args = DatabaseStore, {"using": spec["using"], "listen_using": listen}
+    store: Delaying = type(f"Delaying{cls.__name__}", (Delaying, cls), {})(**args)
+    store.delaying(record)
+    return store

@@ -1,6 +1,8 @@
-"""``python -m tests.faults.table [--recheck] [--jobs] MATRIX.json|report.json...``: the matrix
-results as the docs' RST table (``--recheck``: each run's saved histories checked again by the
-current checker; ``--jobs``: the replace and max_hold scenarios' own counts and figures).
+"""``python -m tests.faults.table [--recheck] [--jobs | --atomic] MATRIX.json|report.json...``: the
+matrix results as the docs' RST table (``--recheck``: each run's saved histories checked again by
+the current checker; ``--jobs``: the replace and max_hold scenarios' own counts and figures;
+``--atomic``: both canaries' lost updates, how the atomic canary's blocks ended and the store
+acquire calls' times).
 
 One row per scenario and store: the runs' operations, faults and counts summed; the lateness and
 takeover figures (and the jobs' figures) as the worst run's (each run's percentiles are over its
@@ -93,6 +95,38 @@ def jobs_row(scenario: str, store: str, runs: list[dict[str, Any]]) -> list[str]
     ]
 
 
+ATOMIC_COLUMNS = [
+    "scenario",
+    "store",
+    "runs",
+    "ops",
+    "faults",
+    "violations",
+    "locks lost",
+    "canary lost updates",
+    "atomic canary lost updates",
+    "atomic blocks: committed / refused / failed / refused at entry",
+    "acquire call ms: worst p99 / max",
+    "acquire calls during a commit: n, max ms",
+]
+
+
+def atomic_row(scenario: str, store: str, runs: list[dict[str, Any]]) -> list[str]:
+    ends: Counter[str] = Counter()
+    for run in runs:
+        ends.update(run.get("atomic", {}))
+    base = row(scenario, store, runs)
+    return [
+        *base[:7],
+        base[8],
+        str(sum(run.get("atomic_canary_lost", 0) for run in runs)),
+        " / ".join(str(ends[k]) for k in ("committed", "refused", "failed", "refused_entry")),
+        figures([worst(runs, f"acquire_call_{q}_ms") for q in ("p99", "max")]),
+        f"{sum(run.get('pending_wait_n', 0) for run in runs)}, "
+        + figures([worst(runs, "pending_wait_max_ms")]),
+    ]
+
+
 def rst(rows: list[list[str]]) -> str:
     lines = [".. list-table::", "   :header-rows: 1", ""]
     for cells in rows:
@@ -101,13 +135,16 @@ def rst(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def table(results: list[dict[str, Any]], jobs: bool = False) -> str:
-    """The RST table of ``results``; with ``jobs``, one table per jobs scenario found."""
+def table(results: list[dict[str, Any]], jobs: bool = False, atomic: bool = False) -> str:
+    """The RST table of ``results``; with ``jobs``, one table per jobs scenario found; with
+    ``atomic``, the atomic canary's."""
     grouped: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for result in results:
         grouped[result["scenario"], result["store"]].append(result)
     order = list(SCENARIOS)
     keys = sorted(grouped, key=lambda k: (order.index(k[0]), k[1]))
+    if atomic:
+        return rst([ATOMIC_COLUMNS, *(atomic_row(s, st, grouped[s, st]) for s, st in keys)])
     if not jobs:
         return rst([COLUMNS, *(row(s, store, grouped[s, store]) for s, store in keys)])
     tables = []
@@ -146,9 +183,10 @@ def rechecked(path: Path) -> list[dict[str, Any]]:
 
 
 def main(args: list[str]) -> int:
-    paths = [Path(arg) for arg in args if arg not in ("--recheck", "--jobs")]
+    paths = [Path(arg) for arg in args if arg not in ("--recheck", "--jobs", "--atomic")]
     load = rechecked if "--recheck" in args else loaded
-    print(table([result for path in paths for result in load(path)], jobs="--jobs" in args))
+    results = [result for path in paths for result in load(path)]
+    print(table(results, jobs="--jobs" in args, atomic="--atomic" in args))
     return 0
 
 

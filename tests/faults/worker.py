@@ -8,8 +8,11 @@ held at the end: they stand for writes already in flight when a fault struck, wh
 refuse and the canary accepts (the ``replace`` and ``max_hold`` scenarios run the rounds of
 tests/faults/jobs.py instead). With ``permits`` above 1 (the permits scenario) each lock is one
 of the key's permits and the rows are the permit's own (``f:<key>#<permit>``): a permit's token
-fences the resource of that permit only (SPEC section 6). Every step goes to a JSON-lines history
-stamped with ``time.monotonic()``, one clock for every process of this machine.
+fences the resource of that permit only (SPEC section 6). On the database stores the same
+read-modify-write is also done on a third row, in the lock store's own database, inside
+``lock.atomic()``: the atomic canary (tests/faults/atomic_canary.py). Every step goes to a
+JSON-lines history stamped with ``time.monotonic()``, one clock for every process of this
+machine.
 
 Run by the harness as ``python -m tests.faults.worker`` with DJANGO_LOCKS_TEST_FAULTS_WORKER (JSON)
 set.
@@ -80,14 +83,15 @@ def main() -> None:
     from django_locks import LockNotAcquiredError, Locks, LocksError, signals
     from django_locks.exceptions import LockLostError
     from django_locks.fencing import fenced_update
-    from tests.faults.store import DelayingStore, build_store
+    from tests.faults.atomic_canary import AtomicCanary
+    from tests.faults.store import build_store
     from tests.testapp.models import StockCount
 
     config = CONFIG
     rng = random.Random(config["seed"])
     record = History(config["history"], config["name"])
     ttl = float(config["ttl"])
-    store = DelayingStore(build_store(config["store"]), record)
+    store = build_store(config["store"], record)
     locks = Locks(store, ttl=ttl)
     stop_at = float(config["stop_at"])
     stopping = threading.Event()
@@ -167,6 +171,11 @@ def main() -> None:
 
         threading.Thread(target=run, name="delayed-write").start()
 
+    atomic = None
+    if config.get("atomic_canary"):
+        atomic = AtomicCanary(record, rows, config["store"]["using"])
+    atomic_share = float(config.get("atomic_share") or 1.0)
+
     def critical_section(lock: Any, base: str) -> None:
         token = lock.fencing_token
         # Events name the key asked for; writes name the row they go to (the permit's own).
@@ -176,6 +185,9 @@ def main() -> None:
         )
         fenced_read = rows("f", key).values_list("count", flat=True).get()
         canary_read = rows("c", key).values_list("count", flat=True).get()
+        # The atomic canary's block spans the section as the canary's read and write do.
+        if atomic is not None and lock.permit is None and rng.random() < atomic_share:
+            atomic.open(lock, key)
         until = time.monotonic() + rng.uniform(0, config["cs_max"])
         record("cs", key=base, token=token, until=until)
         deadline = lock.deadline
@@ -189,9 +201,13 @@ def main() -> None:
             delay_write.clear()
             delay = rng.uniform(1.5, 3.0) * ttl
             record("delay_write", key=base, token=token, delay=delay)
+            if atomic is not None:
+                atomic.hand_off(lock, key, delay)
             if claimed:
                 delayed(key, token, fenced_read + 1, canary_read + 1, delay)
             return
+        if atomic is not None:
+            atomic.close(lock, key)
         if claimed:
             write(
                 "fenced",

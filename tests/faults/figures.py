@@ -1,0 +1,65 @@
+"""The checker's figures: how late ``deadline`` losses were announced (``lost_by`` counted on the
+way) and the takeover after a holder's crash (tests/faults/checker.py's ``Report``)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tests.faults.checker import Report
+
+PAUSES = {"holder_pause", "leader_pause"}
+CRASHES = {"holder_kill", "leader_kill"}
+
+
+def stopped(pid: int, instant: float, faults: list[dict[str, Any]]) -> bool:
+    return any(
+        f.get("pid") == pid and f["start"] - 0.05 <= instant <= f["end"] + 0.05
+        for f in faults
+        if f["kind"] in PAUSES
+    )
+
+
+def lateness(
+    losses: list[dict[str, Any]],
+    faults: list[dict[str, Any]],
+    late_oks: set[tuple[int, str, int]],
+    report: Report,
+) -> None:
+    for loss in losses:
+        report.lost_by[loss["by"]] += 1
+        if loss["by"] != "deadline" or loss.get("deadline") is None:
+            continue
+        # An acquire whose answer came after its deadline is lost the moment it arrives: that
+        # is the late reply, not the engine's lateness.
+        if (loss["pid"], loss["key"], loss["token"]) in late_oks:
+            continue
+        # A process stopped at its deadline learns it when it runs again: that is the pause,
+        # not the engine's lateness.
+        if stopped(loss["pid"], loss["deadline"], faults):
+            continue
+        report.lateness.append(loss["t"] - loss["deadline"])
+
+
+def takeover(by_kind: dict[str, list[dict[str, Any]]], report: Report) -> None:
+    # With permits, a crashed holder's takeover is the next acquire of its own slot (another
+    # slot may well be free sooner).
+    starts: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    slots: dict[tuple[int, str, int], str] = {}
+    for event in by_kind["ok"]:
+        slot = event["key"] if event.get("permit") is None else f"{event['key']}#{event['permit']}"
+        slots[(event["pid"], event["key"], event["token"])] = slot
+        starts[slot].append((event["t"], event["pid"]))
+    for write in by_kind["write"]:
+        if write["kind"] == "leader" and write["accepted"]:
+            starts[write["key"]].append((write["start"], write["pid"]))
+    for instants in starts.values():
+        instants.sort()
+    for fault in by_kind["fault"]:
+        if fault["kind"] not in CRASHES or fault.get("key") is None:
+            continue
+        slot = slots.get((fault["pid"], fault["key"], fault.get("token", -1)), fault["key"])
+        after = [t for t, pid in starts[slot] if t > fault["start"] and pid != fault["pid"]]
+        if after:
+            report.takeover.append(after[0] - fault["start"])
