@@ -26,6 +26,7 @@ from django_locks.stores.database.atomic_sql import (
     SQLITE_ATOMIC_CHECK,
     SQLITE_ATOMIC_LIVE,
 )
+from django_locks.stores.database.operations import ATOMIC_MIGRATION
 from django_locks.stores.database.sqlite_sql import offset
 from django_locks.transactions import testcase_only
 
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from django_locks.renewal import Keeper
 
 ACCEPTED_ISOLATION = "read committed"
+UNDEFINED_TABLE = "42P01"
 
 
 class LeaseAtomic:
@@ -73,8 +75,16 @@ class LeaseAtomic:
         if self._vendor == "postgresql" and not self._savepoint:
             try:
                 self._start(conn)
-            except BaseException:
+            except BaseException as error:
                 self._atomic.__exit__(*sys.exc_info())
+                if isinstance(error, DatabaseError) and _sqlstate(error) == UNDEFINED_TABLE:
+                    raise ImproperlyConfigured(
+                        f"lock.atomic() needs django_locks' migration {ATOMIC_MIGRATION} on "
+                        f"the database {self._alias!r}: run `manage.py migrate django_locks "
+                        f"--database {self._alias}` (where it says there is nothing to apply, "
+                        "the guard was lost, e.g. by a restored dump: run `manage.py migrate "
+                        f"django_locks 0007 --database {self._alias}` and then that command)."
+                    ) from error
                 raise
         return self._lock
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 from django.db import connections, transaction
 
@@ -674,3 +675,30 @@ def test_a_pruner_stopped_mid_batch_holds_the_table_for_seconds_not_until_it_res
     assert waited < 4.5, waited  # 2 s of idleness, then the server ends the pruner's session
     assert failed and isinstance(failed[0], StoreError), failed
     assert store.lease(stale, include_inactive=True) is not None  # its batch rolled back
+
+
+def test_without_the_atomic_guard_w102_and_lock_atomic_say_to_migrate(store, sql) -> None:
+    """0008's guard gone (a restored dump without it): W102 names its function, its hint
+    brings it back, and meanwhile lock.atomic() says which migration it needs."""
+    from django_locks import Locks
+
+    query(sql, "DROP TABLE django_locks_atomic_guard")
+    query(sql, "DROP FUNCTION django_locks_atomic_check()")
+    try:
+        (message,) = store.check(databases=["postgres"])
+        assert "django_locks_atomic_check" in message.msg
+        with Locks(store).lock(key()) as lock:
+            with pytest.raises(ImproperlyConfigured, match="0008_atomic_guard"), lock.atomic():
+                pass
+        commands = re.findall(r"`manage.py ([^`]*)`", message.hint)
+        assert commands == [
+            "migrate django_locks 0007 --database postgres",
+            "migrate django_locks --database postgres",
+        ], message.hint
+        for command in commands:
+            call_command(*command.split(), verbosity=0)
+    finally:
+        call_command("migrate", "django_locks", database="postgres", verbosity=0)
+    assert store.check(databases=["postgres"]) == []
+    with Locks(store).lock(key()) as lock, lock.atomic():
+        pass

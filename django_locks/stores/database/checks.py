@@ -13,6 +13,7 @@ from django.utils.connection import ConnectionDoesNotExist
 from django_locks.exceptions import StoreError
 from django_locks.stores.database.operations import (
     ADDED_COLUMNS,
+    ATOMIC_MIGRATION,
     FUNCTIONS,
     FUNCTIONS_MIGRATION,
     HOLDER_COLUMNS,
@@ -192,6 +193,13 @@ def repair_hint(missing: list[str], using: str, recreate_sequence: str) -> str:
         first = f"In `manage.py dbshell{database}`, run `{sql}`"
         rest = [name for name in missing if name not in TICK_COLUMNS]
         return f"{first} Then: {repair_hint(rest, using, recreate_sequence)}" if rest else first
+    if len(_functions(missing, ATOMIC_MIGRATION)) == len(missing):
+        # Only lock.atomic()'s guard: its table holds nothing (each row lives one transaction).
+        return (
+            f"Run `manage.py migrate django_locks 0007{database}`, then `manage.py migrate "
+            f"django_locks{database}`: this creates lock.atomic()'s guard table, function and "
+            "trigger again (nothing is lost)."
+        )
     preempt = _functions(missing, PREEMPT_MIGRATION)
     if len(preempt) == len(missing):
         # Only 0006's: unapplied for real (it drops its functions and its column, which holds

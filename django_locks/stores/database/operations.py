@@ -39,6 +39,7 @@ HOLDERS_MIGRATION = "0003_holders_and_ends"
 PERMITS_MIGRATION = "0005_permit_functions"
 PREEMPT_MIGRATION = "0006_preempt"
 TICKS_MIGRATION = "0007_ticks"
+ATOMIC_MIGRATION = "0008_atomic_guard"
 MIGRATED = f"SELECT name FROM {RECORDER} WHERE app = 'django_locks'"
 
 HOLDER_COLUMNS = (
@@ -81,6 +82,7 @@ FUNCTIONS = {
         "django_locks_renew_permits(text[], text[], bigint[], text[])",
         "django_locks_preempt(text)",
     ),
+    ATOMIC_MIGRATION: ("django_locks_atomic_check()",),  # lock.atomic()'s trigger function
 }
 """The store's SQL functions on PostgreSQL (their signatures), by the migration creating them:
 0.1.0 processes call 0002's; this release 0006's, and 0003's and 0005's for what 0006 left
