@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 
 ACCEPTED_ISOLATION = "read committed"
 UNDEFINED_TABLE = "42P01"
+MAX_TIMEOUT_MS = 2**31 - 1
+"""PostgreSQL's largest timeout setting (about 24.8 days): a longer ttl bounds the block by it."""
 
 
 class LeaseAtomic:
@@ -115,18 +117,12 @@ class LeaseAtomic:
 
     def _start(self, conn: Any) -> None:
         keeper = self._keeper
-        timeout = str(keeper.ttl_ms)
+        bound = min(keeper.ttl_ms, MAX_TIMEOUT_MS)
+        timeout = str(bound)
         with conn.cursor() as cursor:
             cursor.execute(
                 PG_ATOMIC_START,
-                (
-                    keeper.lease_key,
-                    keeper.owner,
-                    keeper.fencing_token,
-                    keeper.ttl_ms,
-                    timeout,
-                    timeout,
-                ),
+                (keeper.lease_key, keeper.owner, keeper.fencing_token, bound, timeout, timeout),
             )
             (isolation,) = cursor.fetchone()
         if isolation != ACCEPTED_ISOLATION:

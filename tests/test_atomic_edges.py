@@ -186,3 +186,25 @@ def test_behind_pgbouncer_in_transaction_mode(postgres_server: Any) -> None:
     assert [
         row.product for row in StockCount.objects.using("postgres").filter(product__startswith=name)
     ] == [name]
+
+
+@pytest.mark.parametrize("ttl", ["50ms", "24d", "366d"])
+def test_any_ttl_bounds_the_block_within_postgresqls_limits(postgres_server: Any, ttl: str) -> None:
+    """The shortest and the longest ttl (366 days: past PostgreSQL's largest timeout, which then
+    bounds the block) both give settings the server takes."""
+    store = DatabaseStore("postgres")
+    name = key()
+    try:
+        with Locks(store, ttl=ttl).lock(name) as lock, lock.atomic():
+            with connections["postgres"].cursor() as cursor:
+                cursor.execute("SELECT current_setting('statement_timeout')")
+                (setting,) = cursor.fetchone()
+            StockCount.objects.using("postgres").create(product=name, count=1)
+    except LockLostError:
+        assert ttl == "50ms"  # a 50 ms lease may lapse on a loaded machine: lost, not committed
+        assert not stock(name).exists()
+        return
+    finally:
+        store.close()
+    assert setting == {"50ms": "50ms", "24d": "24d", "366d": "2147483647ms"}[ttl]
+    assert stock(name).exists()
