@@ -20,7 +20,7 @@ PROJECT_FILES = Path(__file__).resolve().parent / "fresh_project"
 TESTING_DOCS = ROOT / "docs" / "topics" / "testing.rst"
 
 # Counted by the runs below: tests/fresh_project/shop/tests.py.
-UNITTEST_TESTS = 4
+UNITTEST_TESTS = 6
 PYTEST_TESTS = UNITTEST_TESTS + 4
 
 # Nothing a project's test run should print: the warning of a lock released inside a real

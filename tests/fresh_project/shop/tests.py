@@ -4,6 +4,9 @@ and without database access, under `manage.py test` and pytest-django alike."""
 from __future__ import annotations
 
 import pytest
+from django.contrib.auth.models import User
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connection
 from django.test import SimpleTestCase, TestCase, TransactionTestCase
 
 from django_locks import LockNotAcquiredError, locks
@@ -48,6 +51,36 @@ class ExportTests(TestCase):
                 pass
         with locks.lock("shop:export") as again:
             self.assertGreater(again.fencing_token, lock.fencing_token)
+
+
+def deferred_sqlite() -> bool:
+    """startproject's SQLite (no transaction_mode): lock.atomic() refuses it, naming the fix."""
+    options = connection.settings_dict.get("OPTIONS", {})
+    return connection.vendor == "sqlite" and options.get("transaction_mode") != "IMMEDIATE"
+
+
+class StockTests(TestCase):
+    def test_lock_atomic_inside_a_test_case(self) -> None:
+        with locks.lock("shop:stock") as lock:
+            if deferred_sqlite():
+                with self.assertRaisesMessage(ImproperlyConfigured, "'IMMEDIATE'"):
+                    lock.atomic().__enter__()
+                return
+            with lock.atomic():  # a savepoint of the test's transaction
+                User.objects.create(username="stock-keeper")
+        self.assertTrue(User.objects.filter(username="stock-keeper").exists())
+
+
+class StockTransactionTests(TransactionTestCase):
+    def test_lock_atomic_commits_while_held(self) -> None:
+        with locks.lock("shop:stock", ttl="10s") as lock:
+            if deferred_sqlite():
+                with self.assertRaisesMessage(ImproperlyConfigured, "'IMMEDIATE'"):
+                    lock.atomic().__enter__()
+                return
+            with lock.atomic():  # committed only while the lease is this lock's
+                User.objects.create(username="stock-keeper")
+        self.assertTrue(User.objects.filter(username="stock-keeper").exists())
 
 
 class ExportTransactionTests(TransactionTestCase):
