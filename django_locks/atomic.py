@@ -54,7 +54,7 @@ class LeaseAtomic:
         self._atomic: Any = None
         self._entered = False
         self._savepoint = False  # inside a TestCase's wrapping transaction
-        self._sent = 0.0
+        self._sent: float | None = None  # when SQLite's check that extended the lease was sent
 
     @property
     def _keeper(self) -> Keeper:
@@ -112,7 +112,7 @@ class LeaseAtomic:
             if _sqlstate(error) == LOST_SQLSTATE:
                 raise self._lost() from error
             raise  # a COMMIT whose answer was lost: Django's error, unchanged
-        if self._vendor == "sqlite" and not self._savepoint:
+        if self._sent is not None:
             self._keeper.check_passed(self._sent)
 
     def _start(self, conn: Any) -> None:
@@ -146,10 +146,14 @@ class LeaseAtomic:
             elif self._vendor == "postgresql":
                 cursor.execute(PG_ATOMIC_END)
             else:
-                self._sent = keeper.clock.monotonic()
+                sent = keeper.clock.monotonic()
                 cursor.execute(SQLITE_ATOMIC_CHECK, (offset(keeper.ttl_ms), *ident))
-                if cursor.rowcount != 1:
-                    raise self._lost()
+                if cursor.rowcount == 1:
+                    self._sent = sent  # extended: a renewal, once committed
+                else:
+                    cursor.execute(SQLITE_ATOMIC_LIVE, ident)  # asked for, or gone?
+                    if cursor.fetchone() is None:
+                        raise self._lost()
 
     def _still_held(self) -> None:
         """Refuse at once what the lock itself knows: released, lost, or past its deadline."""
@@ -192,7 +196,8 @@ def _check_using(lock: Lock, using: object) -> str:
 
 
 def _check_immediate(conn: Any) -> None:
-    mode = getattr(conn, "transaction_mode", None)
+    # From the settings: Django sets the connection's attribute only once it has connected.
+    mode = conn.settings_dict.get("OPTIONS", {}).get("transaction_mode")
     if mode not in ("IMMEDIATE", "EXCLUSIVE"):
         raise ImproperlyConfigured(
             f"lock.atomic() on SQLite needs DATABASES[{conn.alias!r}]['OPTIONS']"

@@ -64,6 +64,19 @@ def test_a_failed_commit_leaves_the_deadline_where_the_last_renewal_put_it(
     assert facts["rows"] == [] and facts["deadline_moved"] == 0.0 and facts["held"]
 
 
+def test_a_lease_asked_for_commits_without_being_extended(tmp_path: Path, journal: str) -> None:
+    facts = scenario(tmp_path, "asked", journal)
+    assert facts["outcome"] == "committed" and len(facts["rows"]) == 1, facts
+    assert facts["extended"] is False and facts["deadline_moved"] == 0.0, facts
+
+
+def test_a_thread_whose_connection_is_not_open_yet_is_not_refused(
+    tmp_path: Path, journal: str
+) -> None:
+    facts = scenario(tmp_path, "fresh_thread", journal)
+    assert facts["outcome"] == "committed" and len(facts["rows"]) == 1, facts
+
+
 def line(child: subprocess.Popen[str]) -> dict[str, Any]:
     assert child.stdout is not None
     facts: dict[str, Any] = json.loads(child.stdout.readline())

@@ -135,6 +135,52 @@ def failed_commit(key: str) -> None:
     lock.release()
 
 
+def asked(key: str) -> None:
+    """A replacing run asked for the lease (its preempt request recorded, not yet seen by this
+    lock): the block commits (the lease is still this lock's), without extending the lease
+    or counting as a renewal."""
+    from django_locks.models import Lease
+
+    lock = service().acquire(key)
+    lock._keeper.store.preempt(key)
+    expires = Lease.objects.get(key=key).expires_at
+    before = lock.deadline
+    with lock.atomic():
+        write_row(lock.fencing_token)
+    say(
+        outcome="committed",
+        rows=rows(),
+        extended=Lease.objects.get(key=key).expires_at != expires,
+        deadline_moved=lock.deadline - before,
+    )
+
+
+def fresh_thread(key: str) -> None:
+    """A thread whose connection is not open yet (a worker's first block): not refused."""
+    import threading
+
+    from django.db import connection
+
+    lock = service().acquire(key)
+    outcome: list[str] = []
+
+    def block() -> None:
+        try:
+            with lock.atomic():
+                write_row(lock.fencing_token)
+            outcome.append("committed")
+        except Exception as exc:
+            outcome.append(f"{type(exc).__name__}: {exc}")
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=block)
+    thread.start()
+    thread.join(30)
+    lock.release()
+    say(outcome=outcome[0], rows=rows())
+
+
 def hold(key: str) -> None:
     """Take ``key`` (ttl 1 s), write inside lock.atomic(), say PAUSE and wait for a line (the
     test SIGSTOPs this process there), then try to commit."""
@@ -188,6 +234,8 @@ def main() -> None:
         "lost": lost,
         "failed_commit": failed_commit,
         "hold": hold,
+        "asked": asked,
+        "fresh_thread": fresh_thread,
         "compete": compete,
     }
     scenarios[scenario](key)

@@ -87,15 +87,15 @@ SELECT 1 FROM {TABLE} WHERE key = %s AND owner = %s AND fencing_token = %s
 _SQLITE_LIVE = "released_at IS NULL AND julianday(expires_at) > julianday('now')"
 _SQLITE_ASKED = "preempt_token IS NOT NULL AND preempt_token = fencing_token"
 
-# Checks and extends in one statement (a lease asked for by a replacing run is checked only: its
-# renewals have stopped). Counted as a renewal sent before it, once the COMMIT succeeded.
+# Checks and extends in one statement, counted as a renewal sent before it once the COMMIT
+# succeeded. A lease asked for by a replacing run is not extended (its renewals have stopped):
+# the UPDATE moves nothing then, and SQLITE_ATOMIC_LIVE (a second statement, in that case only)
+# tells it from a lease gone.
 SQLITE_ATOMIC_CHECK = f"""
-UPDATE {TABLE} SET
-    expires_at = CASE WHEN {_SQLITE_ASKED} THEN expires_at
-        ELSE strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s) END,
-    renewed_at = CASE WHEN {_SQLITE_ASKED} THEN renewed_at
-        ELSE strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') END
+UPDATE {TABLE} SET expires_at = strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s),
+    renewed_at = strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')
 WHERE key = %s AND owner = %s AND fencing_token = %s AND {_SQLITE_LIVE}
+    AND NOT ({_SQLITE_ASKED})
 """
 
 SQLITE_ATOMIC_LIVE = f"""
