@@ -43,7 +43,8 @@ from typing import Any
 from unittest import mock
 
 import pytest
-from django.test import RequestFactory
+from django.db import connections
+from django.test import RequestFactory, override_settings
 from django.test.utils import isolate_apps
 
 from django_locks import conf, leader, registry, signals
@@ -129,6 +130,15 @@ def check_fencing_page(ns: dict[str, Any]) -> None:
     StockCount.objects.filter(product="mug").update(fencing_token=10**12)  # a newer holder
     ns["reconcile_stock"]({"mug": 5})  # refused: prints that a newer holder wrote it
     assert StockCount.objects.get(product="mug").count == 3
+    # lock.atomic()'s samples, on the database store of the test database (a savepoint of the
+    # test's transaction; SQLite's transaction_mode as the page says to set it).
+    options = connections["default"].settings_dict.setdefault("OPTIONS", {})
+    store = {"BACKEND": "django_locks.stores.DatabaseStore"}
+    with override_settings(LOCKS=store), mock.patch.dict(options, transaction_mode="IMMEDIATE"):
+        ns["receive_delivery"]("mug", 2)
+        assert StockCount.objects.get(product="mug").count == 5
+        ns["nightly_stock_count"]({"mug": 9})
+        assert StockCount.objects.get(product="mug").count == 9
 
 
 def check_leader_page(ns: dict[str, Any]) -> None:
