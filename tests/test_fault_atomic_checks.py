@@ -94,6 +94,15 @@ def test_acquire_calls_during_another_holders_commit_are_told_apart() -> None:
     assert "during_commit max=600.0 (n=2)" in report.summary()
 
 
+def test_calls_of_a_process_stopped_meanwhile_are_left_out() -> None:
+    # pid 2 was SIGSTOPped from 1.1 to 6.0 while its acquire call was out: 5.85 s of pause.
+    pause = {"e": "fault", "t": 6.0, "pid": 2, "kind": "holder_pause", "start": 1.1, "end": 6.0}
+    calls = [call(2, 1.0, 5.85), call(3, 1.005, 0.2), call(2, 6.5, 0.3)]
+    report = check([block(1, 10, 1.0, "committed"), counter(1), pause, *calls])
+    assert sorted(report.acquire_calls) == [0.2, 0.3]
+    assert report.pending_waits == [0.2]
+
+
 def test_the_atomic_table_sums_both_canaries_and_the_blocks() -> None:
     from tests.faults.table import table
 

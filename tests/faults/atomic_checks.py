@@ -12,10 +12,11 @@ ttl among them; ``rolled_back``, a delayed round's own block) and ``refused_entr
 ``lock.atomic()`` refused to open (the lock was no longer held).
 
 Figures: ``Report.acquire_calls``, how long each store acquire call took (``acall`` events of
-tests/faults/store.py); ``Report.pending_waits``, the same of the calls that overlapped another
-process's atomic block of that key while it wrote and committed (from its write's send to the
-COMMIT's answer): a competitor's wait on a pending conditional commit, when there was one, is
-in those calls.
+tests/faults/store.py), but for the calls during which the nemesis stopped the caller's own
+process (a holder paused just as it asked for a key again: that time is the pause's);
+``Report.pending_waits``, the same of the calls that overlapped another process's atomic block
+of that key while it wrote and committed (from its write's send to the COMMIT's answer): a
+competitor's wait on a pending conditional commit, when there was one, is in those calls.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from typing import TYPE_CHECKING, Any
+
+from tests.faults.figures import PAUSES
 
 if TYPE_CHECKING:
     from tests.faults.checker import Report
@@ -50,18 +53,29 @@ def check_atomic(by_kind: dict[str, list[dict[str, Any]]], report: Report) -> No
                 f"atomic canary {counter['key']!r} is {counter['value']} after "
                 f"{committed[counter['key']]} committed increments"
             )
-    report.acquire_calls.extend(call["took"] for call in by_kind["acall"])
+    calls = [call for call in by_kind["acall"] if not _paused(call, by_kind["fault"])]
+    report.acquire_calls.extend(call["took"] for call in calls)
     commits: defaultdict[str, list[tuple[float, float, int]]] = defaultdict(list)
     for write in by_kind["write"]:
         if write["kind"] == "atomic" and write["result"] in ("committed", "refused"):
             commits[write["key"]].append((write["start"], write["end"], write["pid"]))
-    for call in by_kind["acall"]:
+    for call in calls:
         sent, done = call["sent"], call["sent"] + call["took"]
         if any(
             start < done and sent < end and pid != call["pid"]
             for start, end, pid in commits.get(call["key"], ())
         ):
             report.pending_waits.append(call["took"])
+
+
+def _paused(call: dict[str, Any], faults: list[dict[str, Any]]) -> bool:
+    """The caller's own process was stopped during the call: its time is the pause's."""
+    sent, done = call["sent"], call["sent"] + call["took"]
+    return any(
+        f.get("pid") == call["pid"] and f["start"] < done and sent < f["end"]
+        for f in faults
+        if f["kind"] in PAUSES
+    )
 
 
 def atomic_summary(report: Report) -> str:
