@@ -12,40 +12,22 @@ import sys
 import time
 from typing import Any
 
-import django
-from django.conf import settings
+from tests.children.sqlite_file import configure
 
 
 def setup(db: str, journal: str) -> None:
-    settings.configure(
-        DATABASES={
-            "default": {
-                "ENGINE": "django.db.backends.sqlite3",
-                "NAME": db,
-                "OPTIONS": {
-                    "timeout": 4,
-                    "transaction_mode": "IMMEDIATE",
-                    "init_command": f"PRAGMA journal_mode={journal}",
-                },
-            }
-        },
-        INSTALLED_APPS=["django_locks"],
-        USE_TZ=True,
-        LOCKS={"BACKEND": "django_locks.stores.DatabaseStore"},
-        SILENCED_SYSTEM_CHECKS=["django_locks.W101"],
+    options = {
+        "timeout": 4,
+        "transaction_mode": "IMMEDIATE",
+        "init_command": f"PRAGMA journal_mode={journal}",
+    }
+    tables = (
+        "app_row (n integer, token integer)",
+        "app_parent (id integer PRIMARY KEY)",
+        "app_child (id integer PRIMARY KEY, parent_id integer REFERENCES app_parent (id) "
+        "DEFERRABLE INITIALLY DEFERRED)",
     )
-    django.setup()
-    from django.core.management import call_command
-    from django.db import connection
-
-    call_command("migrate", verbosity=0)
-    with connection.cursor() as cursor:
-        cursor.execute("CREATE TABLE IF NOT EXISTS app_row (n integer, token integer)")
-        cursor.execute("CREATE TABLE IF NOT EXISTS app_parent (id integer PRIMARY KEY)")
-        cursor.execute(
-            "CREATE TABLE IF NOT EXISTS app_child (id integer PRIMARY KEY, parent_id integer "
-            "REFERENCES app_parent (id) DEFERRABLE INITIALLY DEFERRED)"
-        )
+    configure(db, options, tables=tables)
 
 
 def say(**facts: Any) -> None:

@@ -16,8 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import django
-from django.conf import settings
+from tests.children.sqlite_file import configure
 
 KEY = "k"
 TTL = "30s"
@@ -31,24 +30,7 @@ def setup(db: str, journal: str, mode: str, *, migrate: bool = True) -> None:
     options: dict[str, Any] = {"timeout": 4, "init_command": f"PRAGMA journal_mode={journal}"}
     if mode == "immediate":
         options["transaction_mode"] = "IMMEDIATE"
-    settings.configure(
-        DATABASES={
-            "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": db, "OPTIONS": options}
-        },
-        INSTALLED_APPS=["django_locks"],
-        USE_TZ=True,
-        LOCKS={"BACKEND": "django_locks.stores.DatabaseStore"},
-        SILENCED_SYSTEM_CHECKS=["django_locks.W101"],
-    )
-    django.setup()
-    if not migrate:
-        return
-    from django.core.management import call_command
-    from django.db import connection
-
-    call_command("migrate", verbosity=0)
-    with connection.cursor() as cursor:
-        cursor.execute("CREATE TABLE IF NOT EXISTS app_row (token integer)")
+    configure(db, options, tables=["app_row (token integer)"], migrate=migrate)
 
 
 def service(ttl: str = TTL) -> Any:

@@ -12,8 +12,7 @@ import sys
 import time
 from typing import Any
 
-import django
-from django.conf import settings
+from tests.children.sqlite_file import configure
 
 
 def setup(db: str, option: str) -> None:
@@ -22,22 +21,7 @@ def setup(db: str, option: str) -> None:
         options["transaction_mode"] = option
     if option == "wal":
         options["init_command"] = "PRAGMA journal_mode=WAL"
-    settings.configure(
-        DATABASES={
-            "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": db, "OPTIONS": options}
-        },
-        INSTALLED_APPS=["django_locks"],
-        USE_TZ=True,
-        LOCKS={"BACKEND": "django_locks.stores.DatabaseStore"},
-        SILENCED_SYSTEM_CHECKS=["django_locks.W101"],
-    )
-    django.setup()
-    from django.core.management import call_command
-    from django.db import connection
-
-    call_command("migrate", verbosity=0)
-    with connection.cursor() as cursor:
-        cursor.execute("CREATE TABLE IF NOT EXISTS app_row (n integer)")
+    configure(db, options, tables=["app_row (n integer)"])
 
 
 def refused(fn: Any) -> dict[str, Any]:
