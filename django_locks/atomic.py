@@ -27,6 +27,7 @@ from django_locks.stores.database.atomic_sql import (
     SQLITE_ATOMIC_LIVE,
 )
 from django_locks.stores.database.operations import ATOMIC_MIGRATION
+from django_locks.stores.database.sqlite_atomic import transaction_mode
 from django_locks.stores.database.sqlite_sql import offset
 from django_locks.transactions import testcase_only
 
@@ -196,8 +197,7 @@ def _check_using(lock: Lock, using: object) -> str:
 
 
 def _check_immediate(conn: Any) -> None:
-    # From the settings: Django sets the connection's attribute only once it has connected.
-    mode = conn.settings_dict.get("OPTIONS", {}).get("transaction_mode")
+    mode = transaction_mode(conn.settings_dict)
     if mode not in ("IMMEDIATE", "EXCLUSIVE"):
         raise ImproperlyConfigured(
             f"lock.atomic() on SQLite needs DATABASES[{conn.alias!r}]['OPTIONS']"

@@ -25,6 +25,7 @@ from django_locks.stores.database.operations import (
     TICK_COLUMNS,
 )
 from django_locks.stores.database.pools import DIALECTS
+from django_locks.stores.database.sqlite_atomic import transaction_mode
 
 if TYPE_CHECKING:
     from django_locks.stores.database.store import DatabaseStore
@@ -89,7 +90,7 @@ def store_messages(
 def _transaction_mode_messages(using: str) -> list[Any]:
     """W104 (``check --deploy``): SQLite without ``transaction_mode`` IMMEDIATE, which
     ``lock.atomic()`` needs (it refuses to run without it)."""
-    mode = connections[using].settings_dict.get("OPTIONS", {}).get("transaction_mode")
+    mode = transaction_mode(connections[using].settings_dict)
     if mode in ("IMMEDIATE", "EXCLUSIVE"):
         return []
     return [

@@ -17,6 +17,13 @@ on the same file is open (it may hold that lock: waiting longer cannot help); 0 
 transaction certainly holds it (``transaction_mode`` IMMEDIATE or EXCLUSIVE)."""
 
 
+def transaction_mode(settings_dict: dict[str, Any]) -> str | None:
+    """The ``transaction_mode`` an alias's settings give (upper-cased, as Django takes it),
+    read from the settings: the connection's attribute exists only once it connected."""
+    mode = settings_dict.get("OPTIONS", {}).get("transaction_mode")
+    return mode.upper() if isinstance(mode, str) else None
+
+
 class OwnTransaction:
     """This thread's open transaction on the SQLite file a store call is about to write."""
 
