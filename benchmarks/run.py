@@ -9,8 +9,10 @@ client's CPU per operation then shows in its throughput); ``--admin`` measures t
 Leases page against a plain ``ModelAdmin`` instead (``benchmarks/admin.py``, issue 20), on
 PostgreSQL alone; ``--exporters`` the metrics exporters' cost per acquire + release, no server
 (``benchmarks/exporters.py``, issue 21); ``--permits`` permits against plain locks on every
-store (``benchmarks/permits.py``, issue 22; ``--store`` and ``--pinned`` apply). Without
-``--pinned``, the PostgreSQL
+store (``benchmarks/permits.py``, issue 22; ``--store`` and ``--pinned`` apply); ``--atomic``
+a block of one UPDATE inside ``lock.atomic()`` against the same inside ``transaction.atomic()``
+on PostgreSQL and SQLite (``benchmarks/atomic.py``, issue 25; ``--store`` and ``--pinned``
+apply). Without ``--pinned``, the PostgreSQL
 16-thread throughput against a raw LISTEN/NOTIFY lease is measured both ways. Counts (round
 trips, store calls) are exact; times depend on the machine: read them as ratios measured side by
 side.
@@ -656,7 +658,10 @@ def main(argv: list[str] | None = None) -> int:
         "--store",
         action="append",
         choices=["postgres", "redis", "memory", "sqlite"],
-        help="measure this store only (repeatable; default: both; memory, sqlite: --permits)",
+        help=(
+            "measure this store only (repeatable; default: both; memory, sqlite: --permits; "
+            "postgres, sqlite: --atomic)"
+        ),
     )
     parser.add_argument(
         "--pinned",
@@ -678,9 +683,18 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="measure permits against plain locks instead (every store, or --store's)",
     )
+    parser.add_argument(
+        "--atomic",
+        action="store_true",
+        help="measure lock.atomic() against transaction.atomic() instead (PostgreSQL, SQLite)",
+    )
     args = parser.parse_args(argv)
     if args.permits:
         return main_permits(args)
+    if args.atomic:
+        if set(args.store or ()) - {"postgres", "sqlite"}:
+            parser.error("--atomic measures --store postgres and --store sqlite only")
+        return main_atomic(args)
     if set(args.store or ()) - {"postgres", "redis"}:
         parser.error("--store memory and --store sqlite are measured with --permits only")
     if args.admin:
@@ -790,6 +804,40 @@ def main_permits(args: argparse.Namespace) -> int:
     try:
         stores = set(args.store) if args.store else None
         results.update(permits.main(quick=args.quick, stores=stores, pinned=args.pinned))
+    except environment.Unavailable as exc:
+        say(f"Cannot run: {exc}")
+        return 2
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(results, fh, indent=2)
+    return 0
+
+
+def main_atomic(args: argparse.Namespace) -> int:
+    """``--atomic``: ``lock.atomic()`` against ``transaction.atomic()`` (``benchmarks/atomic.py``,
+    issue 25)."""
+    from benchmarks import atomic
+
+    results: dict[str, Any] = {"machine": machine(), "quick": args.quick, "pinned": args.pinned}
+    info = results["machine"]
+    say(
+        "django_locks benchmarks: lock.atomic()"
+        + (" (--quick: tiny counts, the times mean nothing)" if args.quick else "")
+    )
+    say(
+        f"{info['date']}; Python {info['python']} on {info['platform']}, {info['cpus']} CPUs, "
+        f"load average {' '.join(map(str, info['load_average']))}"
+        + (
+            f"; pinned: this process on core {environment.CLIENT_CPU}, the servers on core "
+            f"{environment.SERVER_CPU}"
+            if args.pinned
+            else ""
+        )
+    )
+    say()
+    try:
+        stores = set(args.store) if args.store else None
+        results.update(atomic.main(quick=args.quick, stores=stores, pinned=args.pinned))
     except environment.Unavailable as exc:
         say(f"Cannot run: {exc}")
         return 2

@@ -216,3 +216,53 @@ def test_quick_permits_run_compares_a_permit_with_a_plain_lock_on_every_store(
     assert "handoff" not in stores["sqlite"]  # no release notices to count
     goals = json.loads(figures.read_text())["goals"]
     assert len(goals) == 4 + 2 + 3
+
+
+def test_quick_atomic_run_compares_lock_atomic_with_a_plain_transaction(tmp_path: Path) -> None:
+    figures = tmp_path / "atomic.json"
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--atomic", "--quick", "--json", str(figures)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    if run.returncode == 2 and "Cannot run" in run.stdout:
+        missing(run.stdout.strip().splitlines()[-1])
+    assert run.returncode == 0, run.stdout + run.stderr
+    out = run.stdout
+    for heading in (
+        "== PostgreSQL",
+        "== SQLite",
+        "journal_mode wal",
+        "transaction_mode IMMEDIATE",
+        "A block of one UPDATE of a row",
+        "  transaction.atomic() ",
+        "  lock.atomic() ",
+        "x plain",
+        "== Against the goal of issue 25 ==",
+    ):
+        assert heading in out, heading
+    results = json.loads(figures.read_text())
+    stores = results["stores"]
+    assert set(stores) == {"postgres", "sqlite"}
+    # Counted, not timed: lock.atomic() adds two statements on PostgreSQL (its start and its
+    # end; the check runs inside COMMIT), one on SQLite (the check-and-extend UPDATE); every
+    # block's UPDATE committed, in each form.
+    added = {"postgres": 2, "sqlite": 1}
+    for name, found in stores.items():
+        plain, atomic, padded = found["plain"], found["atomic"], found["padded"]
+        assert plain["statements"] == 1, name
+        assert atomic["statements"] == padded["statements"] == 1 + added[name], name
+        for form in (plain, atomic, padded):
+            assert form["samples"] == 2 * 10, name  # --quick: 2 rounds of 10
+            assert form["committed"] == form["blocks_run"] > form["samples"], name
+        assert found["ratio"] > 0 and found["p99_ratio"] > 0, name
+    trips = {form: stores["postgres"][form]["round_trips"] for form in ("plain", "atomic")}
+    assert trips == {"plain": 3, "atomic": 5}  # BEGIN, UPDATE, COMMIT; and the two statements
+    assert stores["postgres"]["padded"]["round_trips"] == 5
+    assert "round_trips" not in stores["sqlite"]["plain"]
+    (goal,) = results["goals"]
+    assert goal["store"] == "postgres" and "5/3" in goal["goal"]
