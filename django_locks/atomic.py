@@ -18,6 +18,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections, transaction
 from django.db.transaction import TransactionManagementError
 
+from django_locks.exceptions import LockReleasedError
 from django_locks.stores.database.atomic_sql import (
     LOST_SQLSTATE,
     PG_ATOMIC_END,
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 
 ACCEPTED_ISOLATION = "read committed"
 UNDEFINED_TABLE = "42P01"
-MAX_TIMEOUT_MS = 2**31 - 1
+MAX_TIMEOUT_MS = 2_147_483_647
 """PostgreSQL's largest timeout setting (about 24.8 days): a longer ttl bounds the block by it."""
 
 
@@ -160,7 +161,7 @@ class LeaseAtomic:
         """Refuse at once what the lock itself knows: released, lost, or past its deadline."""
         keeper = self._keeper
         if keeper.state != "held":
-            raise keeper.signal.reason or keeper._released()
+            raise keeper.signal.reason or LockReleasedError(keeper.key, keeper.fencing_token)
         if not keeper.held:
             raise keeper.check_failed("deadline")
 

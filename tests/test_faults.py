@@ -74,8 +74,10 @@ def test_no_violation_under_faults(
     if scenario == "delayed_write":
         assert report.refused_fenced > 0, summary
     if store == "postgres":
-        # The atomic canary ran (report.ok says it lost nothing).
-        assert report.atomic["committed"] > 10, summary
+        # The atomic canary ran (report.ok says it lost nothing). Under hung_connection most of
+        # its blocks fail (the server ends a session stalled past the ttl): a few commit.
+        least = 0 if scenario == "hung_connection" else 10
+        assert report.atomic["committed"] > least, summary
 
 
 @pytest.mark.faults
