@@ -31,6 +31,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
@@ -784,33 +785,7 @@ def main_permits(args: argparse.Namespace) -> int:
     """``--permits``: a permit against a plain lock (``benchmarks/permits.py``, issue 22)."""
     from benchmarks import permits
 
-    results: dict[str, Any] = {"machine": machine(), "quick": args.quick, "pinned": args.pinned}
-    info = results["machine"]
-    say(
-        "django_locks benchmarks: permits"
-        + (" (--quick: tiny counts, the times mean nothing)" if args.quick else "")
-    )
-    say(
-        f"{info['date']}; Python {info['python']} on {info['platform']}, {info['cpus']} CPUs, "
-        f"load average {' '.join(map(str, info['load_average']))}"
-        + (
-            f"; pinned: this process on core {environment.CLIENT_CPU}, the servers on core "
-            f"{environment.SERVER_CPU}"
-            if args.pinned
-            else ""
-        )
-    )
-    say()
-    try:
-        stores = set(args.store) if args.store else None
-        results.update(permits.main(quick=args.quick, stores=stores, pinned=args.pinned))
-    except environment.Unavailable as exc:
-        say(f"Cannot run: {exc}")
-        return 2
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(results, fh, indent=2)
-    return 0
+    return _main_section(args, "permits", permits.main)
 
 
 def main_atomic(args: argparse.Namespace) -> int:
@@ -818,10 +793,16 @@ def main_atomic(args: argparse.Namespace) -> int:
     issue 25)."""
     from benchmarks import atomic
 
+    return _main_section(args, "lock.atomic()", atomic.main)
+
+
+def _main_section(args: argparse.Namespace, title: str, run: Callable[..., dict[str, Any]]) -> int:
+    """A section measured store by store (``--store``, ``--pinned``): its heading, ``run``'s
+    results, and ``--json``."""
     results: dict[str, Any] = {"machine": machine(), "quick": args.quick, "pinned": args.pinned}
     info = results["machine"]
     say(
-        "django_locks benchmarks: lock.atomic()"
+        f"django_locks benchmarks: {title}"
         + (" (--quick: tiny counts, the times mean nothing)" if args.quick else "")
     )
     say(
@@ -837,7 +818,7 @@ def main_atomic(args: argparse.Namespace) -> int:
     say()
     try:
         stores = set(args.store) if args.store else None
-        results.update(atomic.main(quick=args.quick, stores=stores, pinned=args.pinned))
+        results.update(run(quick=args.quick, stores=stores, pinned=args.pinned))
     except environment.Unavailable as exc:
         say(f"Cannot run: {exc}")
         return 2
