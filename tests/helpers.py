@@ -66,3 +66,20 @@ class FaultyStore(LockStore):
 
     def clear(self) -> None:
         self.inner.clear()
+
+
+def competitor_gets(service: Any, key: str) -> bool:
+    """Whether another thread (another connection, as another process would) takes ``key`` from
+    ``service`` now; it releases it again at once."""
+    got: list[bool] = []
+
+    def take() -> None:
+        lock = service.acquire(key)
+        got.append(lock is not None)
+        if lock is not None:
+            lock.release()
+
+    thread = threading.Thread(target=take)
+    thread.start()
+    thread.join(15)
+    return got == [True]

@@ -8,7 +8,6 @@ test_release_on_commit_stores.py)."""
 from __future__ import annotations
 
 import gc
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +17,7 @@ from django.db import transaction
 
 from django_locks import Lock, Locks
 from django_locks.stores import InMemoryStore
+from tests.helpers import competitor_gets
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -31,22 +31,6 @@ class Boom(Exception):
 @pytest.fixture
 def service() -> Locks:
     return Locks(InMemoryStore(), ttl="30s")
-
-
-def competitor_gets(service: Locks, key: str) -> bool:
-    """Whether another thread can take ``key`` now (it releases it again at once)."""
-    got: list[bool] = []
-
-    def take() -> None:
-        lock = service.acquire(key)
-        got.append(lock is not None)
-        if lock is not None:
-            lock.release()
-
-    thread = threading.Thread(target=take)
-    thread.start()
-    thread.join(10)
-    return got == [True]
 
 
 def test_released_right_after_the_commit_not_before(service: Locks, caplog: Any) -> None:

@@ -6,7 +6,6 @@ another thread asks the store through a connection of its own."""
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -17,6 +16,7 @@ from django.db.transaction import TransactionManagementError
 from django.test import override_settings
 
 from django_locks import current_lock, limit_concurrency, locks, without_overlapping
+from tests.helpers import competitor_gets
 
 pytestmark = [
     pytest.mark.postgres,
@@ -37,18 +37,7 @@ def postgres_service(postgres_server: Any) -> Iterator[None]:
 
 def free(key: str) -> bool:
     """Whether a competitor in another thread gets ``key`` now (released again at once)."""
-    got: list[bool] = []
-
-    def take() -> None:
-        lock = locks.acquire(key)
-        got.append(lock is not None)
-        if lock is not None:
-            lock.release()
-
-    thread = threading.Thread(target=take)
-    thread.start()
-    thread.join(15)
-    return got == [True]
+    return competitor_gets(locks, key)
 
 
 def name() -> str:

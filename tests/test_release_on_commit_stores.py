@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from django_locks import Lock, Locks
 from django_locks.stores.database import DatabaseStore
+from tests.helpers import competitor_gets
 
 pytestmark = [
     pytest.mark.postgres,
@@ -50,18 +51,7 @@ class Case:
 
     def free(self, key: str) -> bool:
         """Whether a competitor in another thread (another connection) gets ``key`` now."""
-        got: list[bool] = []
-
-        def take() -> None:
-            lock = self.service.acquire(key)
-            got.append(lock is not None)
-            if lock is not None:
-                lock.release()
-
-        thread = threading.Thread(target=take)
-        thread.start()
-        thread.join(15)
-        return got == [True]
+        return competitor_gets(self.service, key)
 
 
 @pytest.fixture(
