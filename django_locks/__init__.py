@@ -13,6 +13,7 @@ __version__ = "0.2.0.dev0"
 _LAZY = {
     "AbortSignal": "django_locks.abort",
     "current_lock": "django_locks.context",
+    "AlreadyQueuedError": "django_locks.exceptions",
     "LockLostError": "django_locks.exceptions",
     "LockNotAcquiredError": "django_locks.exceptions",
     "LockReleasedError": "django_locks.exceptions",
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from django_locks.decorators import limit_concurrency as limit_concurrency
     from django_locks.decorators import on_one_instance as on_one_instance
     from django_locks.decorators import without_overlapping as without_overlapping
+    from django_locks.exceptions import AlreadyQueuedError as AlreadyQueuedError
     from django_locks.exceptions import LockLostError as LockLostError
     from django_locks.exceptions import LockNotAcquiredError as LockNotAcquiredError
     from django_locks.exceptions import LockReleasedError as LockReleasedError

@@ -26,12 +26,17 @@ def try_once(
     use: Use,
     permits: int = 1,
     max_hold_ms: int | None = None,
+    *,
+    owner: str | None = None,
 ) -> Lock | Holder | None:
     """One acquire round trip with a fresh owner id: the ``Lock``, else who holds the key (as
     the store answered in the same round trip; ``None`` when it cannot say). With ``permits``
     above 1, one of the key's permits, else the holder whose lease ends first. The store sees
-    the key with the service's ``key_prefix``; the lock, its events and errors name ``key``."""
-    owner = new_owner()
+    the key with the service's ``key_prefix``; the lock, its events and errors name ``key``.
+    ``owner``: an owner id derived by the caller instead (an enqueue-time lease taken over by
+    the run, ``django_locks.unique``), whose lease, if live, this acquire extends."""
+    if owner is None:
+        owner = new_owner()
     holder = this_process()
     clock = locks.clock
     sent = clock.monotonic()

@@ -56,6 +56,24 @@ class LockNotAcquiredError(LocksError):
         super().__init__(f"{what}; not acquired {waited}.")
 
 
+class AlreadyQueuedError(LocksError):
+    """An enqueue refused: a message with the same rendered ``key`` is queued (or, with
+    ``until="finished"``, running), and holds the key's enqueue-time lease. ``task`` is the task's
+    name; ``holder`` who took that lease (its ``detail``: the queued message's id), when the
+    store could say so in the same round trip, else ``None``. Nothing was enqueued."""
+
+    def __init__(self, task: str, key: str, holder: Holder | None = None) -> None:
+        self.task = task
+        self.key = key
+        self.holder = holder
+        by = f" (enqueued by {holder.describe()})" if holder is not None else ""
+        super().__init__(
+            f"Task {task} is already queued or running under key {key!r}{by}; not enqueued "
+            "again: catch AlreadyQueuedError (django.tasks: try_enqueue_unique() returns None "
+            "instead), or give unique a key that tells these calls apart."
+        )
+
+
 class PermitsMismatchError(LocksError):
     """One key is used with one ``permits`` value: ``key`` was asked with ``permits`` while
     its live leases use ``live`` (1: a plain lock holds it). Raised by a store offering

@@ -31,12 +31,16 @@ NOT_REPLACED = "the running one did not stop in time"
 preempted holder to let go of the key, and it did not."""
 MISSED = "the beat that owned it stopped before publishing this tick"
 """The ``reason`` of ``run_skipped`` for a beat tick nobody published (``catch_up``)."""
+DUPLICATE = "a later enqueue of it holds its key"
+"""The ``reason`` of ``run_skipped`` for a queued run whose enqueue-time lease lapsed before it
+started while another enqueue of the same key holds the key (``django_locks.unique``)."""
 CODES = {
     ELSEWHERE: "elsewhere",
     IN_PROGRESS: "in_progress",
     AT_CAPACITY: "at_capacity",
     NOT_REPLACED: "not_replaced",
     MISSED: "missed",
+    DUPLICATE: "duplicate",
 }
 """The ``code`` of ``run_skipped`` (the metrics label) of each reason."""
 
