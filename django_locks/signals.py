@@ -11,7 +11,8 @@ failing receiver is logged and never breaks the sender), and never on the renewa
   reason)`` with reason ``"lost"`` or ``"released"``.
 * ``run_skipped(key, reason, code)``: a decorated job did not run because another holds its
   lock; ``reason`` the sentence logged, ``code`` its short name (``"elsewhere"``,
-  ``"in_progress"``, ``"at_capacity"``, ``"not_replaced"``), the metrics label.
+  ``"in_progress"``, ``"at_capacity"``, ``"not_replaced"``, ``"missed"``, ``"duplicate"``), the
+  metrics label.
 
 They are the first consumer of the event stream (``django_locks.events``): :func:`consume`
 sends them, and logs the loss and the skipped run, from the events.

@@ -93,7 +93,8 @@ FAMILIES = Families(
     runs_skipped=Family(
         "django_locks_runs_skipped_total",
         "counter",
-        "Decorated runs skipped, by code: elsewhere, in_progress, at_capacity, not_replaced.",
+        "Decorated runs skipped, by code: elsewhere, in_progress, at_capacity, not_replaced, "
+        "missed, duplicate.",
         (*_LOCK_STORE, "code"),
     ),
     leader=Family(
