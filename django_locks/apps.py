@@ -36,6 +36,14 @@ class DjangoLocksConfig(AppConfig):
             from django_locks.contrib import celery as celery_integration
 
             celery_integration.install()
+        from django_locks.contrib import tasks_compat
+
+        if tasks_compat.installed():
+            # django.tasks (Django 6.0+) or the django-tasks backport: the receivers that tell
+            # a decorated function it runs as a task, and the checks of @task() functions.
+            from django_locks.contrib import tasks as tasks_integration
+
+            tasks_integration.install()
 
 
 def _on_setting_changed(*, setting: str, value: Any = None, **kwargs: Any) -> None:

@@ -3,7 +3,8 @@
 * ``"skip"`` (the default): logged with the rendered key and the holder, ``run_skipped`` sent
   (``code="in_progress"``, or ``"at_capacity"`` under permits), ``None`` returned;
 * ``"raise"``: ``LockNotAcquiredError`` (a Celery task fails with it);
-* ``"retry"``: a Celery task retries itself later with backoff (``Task.retry``), at most
+* ``"retry"``: a Celery task retries itself later with backoff (``Task.retry``), a django.tasks
+  task is enqueued again with ``run_after`` (``django_locks.contrib.tasks``), at most
   ``max_retries`` times, then fails with ``LockNotAcquiredError``. Refused at decoration for
   management commands; a call that turns out not to run as a task raises
   ``ImproperlyConfigured`` at its first conflict;
@@ -160,11 +161,13 @@ def resolve(
     name: str,
     task: str | None,
     skip: Skip,
+    task_run: Any = None,
 ) -> Generator[Step, Any, Lock | None]:
     """The policy of a run whose ``tried`` acquire found ``holder`` (None: the store cannot
-    say): the run lock it got after all (``"replace"``), else None once ``skip`` was told; or
-    raised. ``name``: the job's, ``task``: the Celery task's this call runs as (None: not a
-    task)."""
+    say): the run lock it got after all (``"replace"``), else None once ``skip`` was told (or a
+    django.tasks run was enqueued again); or raised. ``name``: the job's, ``task``: the Celery
+    task's this call runs as (None: not a task), ``task_run``: the django.tasks run it makes
+    (``django_locks.contrib.tasks.TaskRun``; None: not one)."""
     policy = run.on_conflict
     if policy == "skip":
         skip(tried.key, holder, busy_reason(run))
@@ -189,6 +192,10 @@ def resolve(
     error = LockNotAcquiredError(tried.key, tried.wait_s, holder, run.permits)
     if policy == "raise":
         raise error
+    if task_run is not None:
+        ttl_ms = tried.ttl_ms
+        task_run.retry(lambda retries: retry_delay(retries, ttl_ms), run.max_retries, error)
+        return None
     retry(name, task, error, tried.ttl_ms, run.max_retries)
 
 
@@ -200,9 +207,10 @@ def retry(
     if task is None:
         raise ImproperlyConfigured(
             f"{name} is decorated with on_conflict='retry', but this call of it does not run as "
-            "a Celery task, so nothing can run it again later (its run lock is taken: "
-            f"{error}). Call it as a task (.delay() or .apply_async()), or give it "
-            "on_conflict='skip' or 'raise' if it is also called directly."
+            "a Celery task or a django.tasks task, so nothing can run it again later (its run lock "
+            f"is taken: {error}). Call it as a task (.delay() or .apply_async(), or enqueue() "
+            "under @task()), or give it on_conflict='skip' or 'raise' if it is also called "
+            "directly."
         )
     from django_locks.contrib import celery as contrib
 

@@ -111,6 +111,13 @@ def wrap_job(target: Any, *, once: OnceSpec | None = None, run: RunSpec | None =
     elif is_function:
         spec = _new_spec(target, once, run)
     else:
+        from django_locks.contrib import tasks_compat
+
+        if tasks_compat.is_task(target):
+            # A django.tasks Task (the decorator is above @task()): its worker would run the
+            # function without the wrapper.
+            name = "on_one_instance" if once is not None else run.decorator if run else "?"
+            raise tasks_compat.above_the_task(name, target)
         # A Celery task object or proxy (the decorator is above @shared_task / @app.task).
         if "celery" in sys.modules:
             from django_locks.contrib import celery as contrib
@@ -119,7 +126,8 @@ def wrap_job(target: Any, *, once: OnceSpec | None = None, run: RunSpec | None =
                 return contrib.decorate_task(target, lambda fn: wrap_job(fn, once=once, run=run))
         raise TypeError(
             f"on_one_instance / without_overlapping / limit_concurrency decorate functions, "
-            f"management command handle() methods and Celery tasks, got {target!r}"
+            f"management command handle() methods and Celery tasks (django.tasks: below "
+            f"@task()), got {target!r}"
         )
     for key in (spec.once and spec.once.key, spec.run and spec.run.key):
         if key:

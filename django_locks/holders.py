@@ -123,6 +123,11 @@ _WEB_SERVERS = frozenset(
     {"gunicorn", "uwsgi", "daphne", "uvicorn", "hypercorn", "granian", "waitress-serve"}
 )
 _MANAGE = frozenset({"manage.py", "django-admin", "django-admin.py", "__main__.py"})
+_TASK_WORKERS = frozenset({"db_worker"})
+"""django.tasks worker commands (django-tasks-db's): their process is of kind ``"task"``."""
+_TASK_RUNNERS = frozenset({"task", "command", "process"})
+"""The kinds whose leases taken during a django.tasks run are of kind ``"task"`` (a web
+process running one in ``ImmediateBackend`` stays ``"web"``)."""
 
 
 def set_entry_point(kind: HolderKind, detail: str = "") -> None:
@@ -162,6 +167,8 @@ def _from_argv(argv: list[str]) -> tuple[HolderKind, str]:
             return "web", ""
         if command == "run_leader":
             return "leader", ""
+        if command in _TASK_WORKERS:
+            return "task", ""
         return "command", command[:MAX_DETAIL]
     return "process", ""
 
@@ -180,6 +187,11 @@ def this_process() -> Holder:
     """How this process describes itself in the lease it is about to take."""
     kind, detail = entry_point()
     work = _detail.get()
+    if work is None:
+        seam = sys.modules.get("django_locks.contrib.tasks")
+        work = seam.current_result_id() if seam is not None else None
+        if work is not None and kind in _TASK_RUNNERS:
+            kind = "task"  # a worker command running a django.tasks result
     if work is None and "celery" in sys.modules:
         work = _celery_task_id()
     host, _, pid = process.holder().rpartition(":")

@@ -55,6 +55,13 @@ def _task_name(wrapper: Callable[..., Any]) -> str | None:
     return hook(wrapper)
 
 
+def _tasks_run(wrapper: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
+    """The django.tasks run ``wrapper`` makes (``django_locks.contrib.tasks.TaskRun``), else
+    None: asked of the django.tasks seam, imported by ``ready()`` where django.tasks is."""
+    seam = sys.modules.get("django_locks.contrib.tasks")
+    return None if seam is None else seam.task_run(wrapper, kwargs)
+
+
 def _locks() -> Any:
     from django_locks.service import locks
 
@@ -90,12 +97,14 @@ def _run_lock_steps(
     skip: conflicts.Skip,
     label: str = "",
     task: str | None = None,
+    task_run: Any = None,
 ) -> Generator[Step, Any, tuple[bool, Any]]:
     """The call under the run lock ``run_key`` (linked to ``owner``), or under ``owner`` when
     the job has no run lock: ``(True, result)``; ``(False, None)`` when the run lock is held
     elsewhere and the run was skipped (``skip(run_key, holder, reason)`` was told). What a
     run that finds it held does is its ``on_conflict`` (``django_locks.conflicts``); ``task``:
-    the Celery task this call runs as (None: not a task)."""
+    the Celery task this call runs as (None: not a task); ``task_run``: the django.tasks run it
+    makes (None: not one)."""
     if run_key is None:
         if owner is None:
             return True, (yield CALL)
@@ -116,7 +125,9 @@ def _run_lock_steps(
     if not isinstance(lock, Lock):
         name = task or spec.name
         try:
-            lock = yield from conflicts.resolve(run, tried, lock, name=name, task=task, skip=skip)
+            lock = yield from conflicts.resolve(
+                run, tried, lock, name=name, task=task, skip=skip, task_run=task_run
+            )
         except LockNotAcquiredError as error:
             if spec.is_command:
                 # One line on stderr and exit 1, as Django prints a CommandError, not a
@@ -145,10 +156,20 @@ def _owner_acquire(spec: JobSpec, locks: Any, key: str, label: str) -> Acquire:
 
 
 def _function_steps(
-    spec: JobSpec, locks: Any, task: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]
+    spec: JobSpec,
+    locks: Any,
+    task: str | None,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    task_run: Any = None,
 ) -> Steps:
-    """A function's call: its sticky owner lease (not as a Celery task: beat enforces that),
-    taken once and then checked without a store call; then the run lock."""
+    """A function's call: its sticky owner lease (not as a Celery task: beat enforces that;
+    never as a django.tasks run, refused), taken once and then checked without a store call;
+    then the run lock."""
+    if task_run is not None and spec.once is not None:
+        from django_locks.contrib.tasks import refuse_on_one_instance
+
+        raise refuse_on_one_instance(spec.name)
     owner: Lock | None = None
     if spec.once is not None and task is None:
         key = spec.owner_key(args, kwargs, None)
@@ -167,7 +188,9 @@ def _function_steps(
     def skip(key: str, holder: Holder | None, reason: str) -> None:
         skipped(task or spec.name, key, reason, holder=holder, label=run_label)
 
-    _, result = yield from _run_lock_steps(spec, locks, owner, run_key, skip, run_label, task)
+    _, result = yield from _run_lock_steps(
+        spec, locks, owner, run_key, skip, run_label, task, task_run
+    )
     return result
 
 
@@ -225,10 +248,11 @@ def run_function(
     spec: JobSpec, wrapper: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
     """One call of a decorated function: its sticky owner lease (not when it runs as a Celery
-    task: beat enforces that), then the run lock for the call."""
+    task: beat enforces that; refused as a django.tasks run), then the run lock for the call."""
     task = _task_name(wrapper)
+    task_run = _tasks_run(wrapper, kwargs) if task is None else None
     locks = _locks()
-    steps = _function_steps(spec, locks, task, args, kwargs)
+    steps = _function_steps(spec, locks, task, args, kwargs, task_run)
     return drive(locks, steps, lambda: spec.func(*args, **kwargs))
 
 
@@ -237,8 +261,9 @@ async def arun_function(
 ) -> Any:
     """:func:`run_function` for a coroutine function."""
     task = _task_name(wrapper)
+    task_run = _tasks_run(wrapper, kwargs) if task is None else None
     locks = _locks()
-    steps = _function_steps(spec, locks, task, args, kwargs)
+    steps = _function_steps(spec, locks, task, args, kwargs, task_run)
     return await adrive(locks, steps, lambda: spec.func(*args, **kwargs))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -73,9 +74,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     postgres.start_for({m.name for item in items for m in item.iter_markers() if m.name in wanted})
 
 
+# django.tasks tests (marker `tasks`): they need django.tasks (Django 6.0+) or the django-tasks
+# backport, and django-tasks-db. Elsewhere (`make test` on Django 5.2) they are skipped with the
+# reason; in their own tox environments (DJANGO_LOCKS_TASKS_REQUIRED=1) a missing one fails.
+TASKS_REQUIRED = os.environ.get("DJANGO_LOCKS_TASKS_REQUIRED", "") == "1"
+
+
+def tasks_missing() -> str | None:
+    """Why the django.tasks tests cannot run here, else None."""
+    if importlib.util.find_spec("django_tasks_db") is None:
+        return "django-tasks-db is not installed (tox -e py312-django60-tasks runs these tests)"
+    if importlib.util.find_spec("django.tasks") is None and not importlib.util.find_spec(
+        "django_tasks"
+    ):
+        return "neither django.tasks (Django 6.0+) nor the django-tasks backport is installed"
+    return None
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     from tests.servers import missing, postgres
+
+    if item.get_closest_marker("tasks") is not None:
+        reason = tasks_missing()
+        if reason is not None:
+            if TASKS_REQUIRED:
+                pytest.fail(f"{reason} (DJANGO_LOCKS_TASKS_REQUIRED=1)", pytrace=False)
+            pytest.skip(reason)
 
     for name in ("pgbouncer", "postgres"):
         if item.get_closest_marker(name) is not None and name in postgres.UNAVAILABLE:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 from tests.children import env as _child
 
 SECRET_KEY = "django_locks-tests-not-secret"
@@ -62,6 +64,22 @@ LOCKS = {
 }
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# django.tasks (Django 6.0+, or the django-tasks backport on 5.2) with django-tasks-db, where
+# installed (the `tasks` tox environments): the database backend's table lives on the
+# `postgres` alias (tests/tasks_app/routers.py), which its db_worker processes share; the
+# immediate and dummy backends are there for the tests of backends without a worker.
+if importlib.util.find_spec("django_tasks_db") is not None:
+    _TASKS_BASE = "django.tasks" if importlib.util.find_spec("django.tasks") else "django_tasks"
+    if _TASKS_BASE == "django_tasks":
+        INSTALLED_APPS.append("django_tasks")
+    INSTALLED_APPS.append("django_tasks_db")
+    DATABASE_ROUTERS = ["tests.tasks_app.routers.TasksRouter"]
+    TASKS = {
+        "default": {"BACKEND": "django_tasks_db.DatabaseBackend"},
+        "immediate": {"BACKEND": f"{_TASKS_BASE}.backends.immediate.ImmediateBackend"},
+        "dummy": {"BACKEND": f"{_TASKS_BASE}.backends.dummy.DummyBackend"},
+    }
 
 LOGGING = {
     "version": 1,
