@@ -55,8 +55,10 @@ from django_locks.contrib.celery_beat import (
     on_beat_init,
     task_spec,
 )
+from django_locks.contrib.celery_unique import HEADER_UNIQUE, UniqueTask, unique
 
 # BeatGuard and the header names are imported from here too; they live in celery_beat.py.
+# unique and UniqueTask (enqueue-time uniqueness, SPEC section 14) live in celery_unique.py.
 __all__ = [
     "HANDBACK_GRACE",
     "HEADER_BEAT",
@@ -64,14 +66,17 @@ __all__ = [
     "HEADER_KEY",
     "HEADER_SCHEDULED",
     "HEADER_TOKEN",
+    "HEADER_UNIQUE",
     "REFUSAL_REPEAT",
     "BeatGuard",
+    "UniqueTask",
     "current_task_name",
     "decorate_task",
     "install",
     "is_task",
     "retry_current_task",
     "task_spec",
+    "unique",
 ]
 
 logger = logging.getLogger("django_locks")
@@ -105,8 +110,14 @@ def current_task_name(wrapper: Callable[..., Any]) -> str | None:
     if task is None:
         return None
     run = getattr(task, "run", None)
-    if getattr(run, "__func__", run) is wrapper:
-        return str(task.name)
+    body = getattr(run, "__func__", run)
+    # The body may be wrapped again (celery_unique's run wrapper): follow __wrapped__.
+    for _ in range(8):
+        if body is wrapper:
+            return str(task.name)
+        body = getattr(body, "__wrapped__", None)
+        if body is None:
+            break
     return None
 
 
