@@ -127,7 +127,7 @@ def test_the_checks_find_on_one_instance_and_retry_without_defer(immediate: Any)
         "tests.tasks_app.immediate.plain",
         "tests.tasks_app.immediate.undecorated",
     }
-    [error] = [m for m in check_tasks() if m.id == ON_ONE_INSTANCE]
+    [error] = [m for m in check_tasks() if m.obj == "tests.tasks_app.immediate.once"]
     assert error.level >= 40 and "run_leader --exec" in (error.hint or "")
     # The tasks the db_worker tests use: retry on the database backend is fine.
     from tests.tasks_app import tasks as worker_tasks

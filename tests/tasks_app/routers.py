@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 ALIAS = "postgres"
-APP = "django_tasks_db"
+APP = "django_tasks_database"  # django_tasks_db's app label
 
 
 def _alias() -> str | None:

@@ -66,3 +66,11 @@ def retried(name: str, seconds: float) -> str:
     """Enqueued again (run_after) while the run lock is taken, at most twice."""
     _run("retried", 0, seconds)
     return name
+
+
+@task()
+@without_overlapping("tasks-test:patient:{name}", ttl="600ms", on_conflict="retry", max_retries=6)
+def patient(name: str, seconds: float) -> str:
+    """As ``retried``, with room for the lock to be freed between retries."""
+    _run("patient", 0, seconds)
+    return name
