@@ -349,3 +349,10 @@ def test_a_duplicate_run_is_skipped_with_a_warning_naming_both(
     ]
     assert record.levelno == logging.WARNING
     assert result.id in record.getMessage() and stale["nonce"] in record.getMessage()
+
+
+def test_the_names_are_importable_from_contrib_tasks(unique: Any) -> None:
+    from django_locks.contrib import tasks as seam
+
+    names = ("enqueue_unique", "try_enqueue_unique", "unique_task")
+    assert [getattr(seam, name) for name in names] == [getattr(unique, name) for name in names]

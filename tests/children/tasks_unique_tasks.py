@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from django_locks.context import current_lock
-from django_locks.contrib.tasks_unique import unique_task
+from django_locks.contrib.tasks import unique_task
 from tests.children import env as _child
 from tests.tasks_app.compat import task
 
