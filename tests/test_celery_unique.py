@@ -93,7 +93,7 @@ def test_unique_task_without_options_is_refused(app: Celery) -> None:
 
 
 def test_a_class_based_unique_task_and_an_abstract_base(app: Celery) -> None:
-    class Base(UniqueTask):  # type: ignore[misc]
+    class Base(UniqueTask):
         unique = {"ttl": "1h", "key": "r:{customer_id}"}
 
     task = app.task(shared=False, base=Base, name="from-base")(report)
@@ -102,7 +102,7 @@ def test_a_class_based_unique_task_and_an_abstract_base(app: Celery) -> None:
         task.delay(customer_id=3)
     with pytest.raises(ValueError, match="names 'customer_id'"):
 
-        class Wrong(UniqueTask):  # type: ignore[misc]
+        class Wrong(UniqueTask):
             unique = {"ttl": "1h", "key": "r:{customer_id}"}
 
             def run(self, other: int) -> None:

@@ -34,7 +34,7 @@ LOCKS = _child.read_json("LOCKS") or {
 }
 
 CELERY_BROKER_URL = _child.read("BROKER", "redis://127.0.0.1:6379/1")
-CELERY_IMPORTS = ["tests.celeryapp.tasks"]
+CELERY_IMPORTS = ["tests.celeryapp.tasks", "tests.celeryapp.unique_tasks"]
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
