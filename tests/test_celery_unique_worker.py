@@ -169,18 +169,25 @@ def test_until_finished_refuses_while_running_until_started_accepts(
     processes.worker("w1", concurrency=3)
     name = uuid.uuid4().hex[:8]
     for task in ("unique_finished", "unique_started"):
+
+        def ended(n: int, task: str = task) -> bool:
+            return len(processes.runs(f"{task}-end")) >= n
+
+        def started(task: str = task) -> bool:
+            return bool(processes.runs(f"{task}-start"))
+
         (first,) = accepted(enqueue(processes, task, [name, 3]))
-        wait_for(lambda t=task: processes.runs(f"{t}-start"), timeout=60, what=f"{task} runs")
+        wait_for(started, timeout=60, what=f"{task} runs")
         again = enqueue(processes, task, [name, 0])
         if task == "unique_finished":
             assert accepted(again) == [], "refused while running"
             assert first[:30] in again[0]["refused"]
-            wait_for(lambda t=task: processes.runs(f"{t}-end"), timeout=30, what="the end")
+            wait_for(lambda: ended(1), timeout=30, what="the end")
             assert len(accepted(enqueue(processes, task, [name, 0]))) == 1
-            wait_for(lambda t=task: len(processes.runs(f"{t}-end")) == 2, timeout=30, what="2")
+            wait_for(lambda: ended(2), timeout=30, what="both ended")
         else:
             assert len(accepted(again)) == 1, "accepted once the first run started"
-            wait_for(lambda t=task: len(processes.runs(f"{t}-end")) == 2, timeout=30, what="2")
+            wait_for(lambda: ended(2), timeout=30, what="both ended")
             # Runs under "started" may overlap: the key covered the queued messages only.
             assert processes.runs(f"{task}-start")[1]["at"] < processes.runs(f"{task}-end")[0]["at"]
     # run_lock: the run holds the key under "finished" (current_lock()), nothing under "started".
