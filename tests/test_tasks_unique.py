@@ -356,3 +356,13 @@ def test_the_names_are_importable_from_contrib_tasks(unique: Any) -> None:
 
     names = ("enqueue_unique", "try_enqueue_unique", "unique_task")
     assert [getattr(seam, name) for name in names] == [getattr(unique, name) for name in names]
+
+
+def test_a_task_taking_the_context_keys_its_other_arguments(unique: Any) -> None:
+    ran = unique.enqueue_unique(immediate(tasks.with_context), ("a",))
+    assert ran.return_value == ran.id
+    assert [(run["result"], run["locked"]) for run in tasks.RUNS] == [(ran.id, True)] * 2
+    queued = unique.enqueue_unique(dummy(tasks.with_context), kwargs={"name": "a"})
+    with pytest.raises(AlreadyQueuedError):
+        unique.enqueue_unique(dummy(tasks.with_context), ("a",))
+    assert queued.kwargs[unique.PAYLOAD]["key"].startswith(tasks.with_context.module_path + ":")

@@ -31,11 +31,11 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 
 from django_locks.contrib import tasks_compat
-from django_locks.contrib.tasks_unique import (  # noqa: F401 (SPEC section 14's names)
-    enqueue_unique,
-    try_enqueue_unique,
-    unique_task,
-)
+
+# SPEC section 14's names, re-exported.
+from django_locks.contrib.tasks_unique import enqueue_unique as enqueue_unique
+from django_locks.contrib.tasks_unique import try_enqueue_unique as try_enqueue_unique
+from django_locks.contrib.tasks_unique import unique_task as unique_task
 from django_locks.exceptions import LockNotAcquiredError
 
 logger = logging.getLogger("django_locks")

@@ -47,7 +47,6 @@ PAYLOAD = "_django_locks_unique"
 F = TypeVar("F", bound=Callable[..., Any])
 
 _MARK = "__django_locks_unique__"
-_UNSET: Any = object()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,9 +138,9 @@ def enqueue_unique(
     args: Sequence[Any] = (),
     kwargs: Mapping[str, Any] | None = None,
     *,
-    key: str | None = _UNSET,
-    until: str | None = _UNSET,
-    ttl: object = _UNSET,
+    key: str | None = None,
+    until: str | None = None,
+    ttl: object = None,
 ) -> Any:
     """``task.enqueue(*args, **kwargs)`` unless a message with the same rendered key is queued
     (or, under ``until="finished"``, running): then ``AlreadyQueuedError`` and nothing is
@@ -150,10 +149,10 @@ def enqueue_unique(
     ``key`` (a key or a template of the function's arguments; default: ``<task module
     path>:<sha256 of the canonical JSON of the arguments>``), ``until`` (``"started"`` or
     ``"finished"``, the default) and ``ttl`` (how long a message that never runs keeps the key;
-    required) fall back on ``@unique_task(...)``'s. One store round trip before the backend's
-    enqueue; a failing enqueue gives the key back. ``task``'s function must be decorated with
-    ``@unique_task`` right under ``@task()`` (``TypeError`` otherwise), and its arguments must
-    be JSON values (``TypeError``, nothing written)."""
+    required): each not given (None) is ``@unique_task(...)``'s, else the default. One store
+    round trip before the backend's enqueue; a failing enqueue gives the key back. ``task``'s
+    function must be decorated with ``@unique_task`` right under ``@task()`` (``TypeError``
+    otherwise), and its arguments must be JSON values (``TypeError``, nothing written)."""
     defaults = _defaults_of(task)
     args, kwargs = _arguments(args, kwargs)
     spec = _spec(task, defaults, key, until, ttl)
@@ -177,9 +176,9 @@ def try_enqueue_unique(
     args: Sequence[Any] = (),
     kwargs: Mapping[str, Any] | None = None,
     *,
-    key: str | None = _UNSET,
-    until: str | None = _UNSET,
-    ttl: object = _UNSET,
+    key: str | None = None,
+    until: str | None = None,
+    ttl: object = None,
 ) -> Any:
     """:func:`enqueue_unique`, returning ``None`` instead of raising ``AlreadyQueuedError``
     (every other error is raised as there)."""
@@ -259,11 +258,12 @@ def _check_defaults(func: Callable[..., Any], key: object, until: object, ttl: o
 
 
 def _spec(task: Any, defaults: _Defaults, key: object, until: object, ttl: object) -> UniqueSpec:
-    if key is _UNSET:
+    # None: not given for this call, so the task's (unique_task's), else the default.
+    if key is None:
         key = defaults.key
-    if until is _UNSET or until is None:
+    if until is None:
         until = defaults.until or "finished"
-    if ttl is _UNSET or ttl is None:
+    if ttl is None:
         ttl = defaults.ttl
     return unique_spec(defaults.func, task.module_path, key=key, until=until, ttl=ttl)
 

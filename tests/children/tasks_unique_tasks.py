@@ -70,6 +70,14 @@ async def sleep_async(name: str, pause: float = 0.0) -> str:
     return name
 
 
+@task(takes_context=True)
+@unique_task(ttl="1h")
+def with_context(context: Any, name: str) -> str:
+    """A task taking the context: the key is of its other arguments."""
+    _run(name, 0.0)
+    return str(context.task_result.id)
+
+
 @task()
 def plain(n: int) -> int:
     """A task without @unique_task: enqueue_unique refuses it."""
