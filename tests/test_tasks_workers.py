@@ -11,6 +11,7 @@ django-tasks-db's table: each retry is a new result with a later ``run_after`` a
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 from collections.abc import Iterator
@@ -108,7 +109,7 @@ def test_runs_of_one_key_never_overlap_across_workers(workers: Any, tasks: Any) 
     spans = intervals(workers.runs("waiting"))
     assert sorted(result for *_, result in spans) == sorted(result.id for result in results)
     assert most_at_once(spans) == 1, spans
-    for (_, end, *_), (start, *_) in zip(spans, spans[1:], strict=False):
+    for (_, end, *_), (start, *_) in itertools.pairwise(spans):
         assert end <= start, spans
     assert len({pid for _, _, pid, _ in spans}) >= 2, "one worker took every run"
     assert {pid for _, _, pid, _ in spans} <= workers.pids()
@@ -192,7 +193,7 @@ def test_retry_enqueues_again_with_run_after_and_fails_past_max_retries(
     assert [row.args_kwargs["kwargs"].get(RETRIES_KWARG) for row in rows] == [None, 1, 2]
     assert [row.status for row in rows] == ["SUCCESSFUL", "SUCCESSFUL", "FAILED"]
     assert [row.return_value for row in rows[:2]] == [None, None]
-    for before, after in zip(rows, rows[1:], strict=False):
+    for before, after in itertools.pairwise(rows):
         assert after.enqueued_at >= before.started_at  # enqueued by the run before it
         assert after.run_after > after.enqueued_at  # deferred, not due at once
         assert after.started_at >= after.run_after
