@@ -62,7 +62,7 @@ def store_locks() -> Iterator[Locks]:
 
 def results_of(task: Any) -> list[Any]:
     """The rows of django-tasks-db for ``task``, oldest first."""
-    from django_tasks_db.models import DBTaskResult
+    from django_tasks_db.models import DBTaskResult  # type: ignore[import-not-found,unused-ignore]
 
     rows = DBTaskResult.objects.filter(task_path=task.module_path)
     return sorted(rows, key=lambda row: row.enqueued_at)
