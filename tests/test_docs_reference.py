@@ -39,6 +39,8 @@ MEMBERS_OF = ["Locks", "Lock", "AbortSignal", "ManualClock", *stores.__all__]
 FIXTURES = ["locks_reset"]  # pytest fixtures of django_locks.testing (SPEC section 7)
 # LOCKS["METRICS"]'s exporters, with their extras.
 EXPORTER_MODULES = ["django_locks.contrib.opentelemetry", "django_locks.contrib.prometheus"]
+# Celery's uniqueness at enqueue time (SPEC section 14), importable from contrib.celery.
+CELERY_UNIQUE = ["unique", "UniqueTask", "HEADER_UNIQUE"]
 # django.tasks' uniqueness at enqueue time (SPEC section 14), importable from contrib.tasks.
 TASKS_UNIQUE = ["unique_task", "enqueue_unique", "try_enqueue_unique"]
 
@@ -116,6 +118,10 @@ def public_names() -> list[Public]:
             found.append(exported(fencing.__name__, name))
     for module in EXPORTER_MODULES:  # SPEC section 11: each exporter's __all__
         found += [exported(module, name) for name in importlib.import_module(module).__all__]
+    found += [
+        exported("django_locks.contrib.celery", name, "django_locks.contrib.celery_unique")
+        for name in CELERY_UNIQUE
+    ]
     found += [exported("django_locks.contrib.tasks", name) for name in TASKS_UNIQUE]
     for public in list(found):
         short = public.name.rsplit(".", 1)[1]
