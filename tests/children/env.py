@@ -28,7 +28,7 @@ VARIABLES: dict[str, str] = {
     "SCHEDULE": "Celery beat entries as JSON (tests/celeryapp/settings.py)",
     "SCHEDULER": "the Celery beat scheduler class (tests/celeryapp/settings.py)",
     "BEAT_APP": "1: django_celery_beat in INSTALLED_APPS (tests/celeryapp/settings.py)",
-    "RUNS": "the file Celery tasks append their runs to (tests/celeryapp/tasks.py)",
+    "RUNS": "where tasks append their runs (tests/celeryapp/tasks.py, tests/tasks_app/tasks.py)",
     "BEAT_HOOKS": "where the beat kill hooks find their arm files (tests/celeryapp/hooks.py)",
     "FAULTS_WORKER": "a fault worker's configuration as JSON (tests/faults/worker.py)",
     "EXPECT_DRIVER": "the PostgreSQL driver a pytest child forced (tests/stores/test_postgres.py)",

@@ -1,5 +1,5 @@
-"""django.tasks tasks run by the db_worker tests; each run appends JSON lines to
-DJANGO_LOCKS_TEST_RUNS: ``start`` and ``end`` with the instants, the pid and the result id."""
+"""django.tasks tasks run by the db_worker tests; each run appends JSON lines to the file of
+tests/children/env.py's RUNS: ``start`` and ``end`` with the instants, the pid and the result id."""
 
 # mypy: disable-error-code="untyped-decorator"
 
@@ -12,6 +12,7 @@ from typing import Any
 
 from django_locks import current_lock, limit_concurrency, without_overlapping
 from django_locks.contrib.tasks import current_task_result
+from tests.children import env as _child
 from tests.tasks_app.compat import task
 
 
@@ -28,7 +29,7 @@ def record(name: str, event: str, **extra: Any) -> None:
         "permit": lock.permit if lock is not None else None,
         **extra,
     }
-    with open(os.environ["DJANGO_LOCKS_TEST_RUNS"], "a", encoding="utf-8") as fh:
+    with open(_child.read("RUNS"), "a", encoding="utf-8") as fh:
         fh.write(json.dumps(line) + "\n")
 
 
