@@ -80,6 +80,7 @@ def test_parse_keeps_an_address_it_cannot_split_whole() -> None:
         (["/venv/bin/gunicorn", "proj.wsgi"], ("web", "")),
         (["manage.py", "runserver"], ("web", "")),
         (["manage.py", "run_leader", "proj.jobs"], ("leader", "")),
+        (["manage.py", "db_worker", "--queue-name", "q"], ("task", "")),  # django-tasks-db
         (["./manage.py", "--settings=x", "send_reports", "--all"], ("command", "send_reports")),
         (["/venv/bin/django-admin", "migrate"], ("command", "migrate")),
         (["/venv/bin/pytest", "-q"], ("process", "")),
