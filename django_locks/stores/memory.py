@@ -101,6 +101,10 @@ class InMemoryStore(LockStore):
                     return holder_of(lease)
                 lease.expires_at = now + ttl_ms / 1000
                 lease.ended = None
+                if holder is not None:
+                    # The same owner, perhaps another process (an enqueue-time lease taken over
+                    # by its run): the lease describes who holds it now.
+                    lease.holder, lease.described = holder.address, holder
                 return lease.token
             token = self._next_token(key)
             self._leases[key] = MemoryLease(

@@ -64,6 +64,21 @@ class HolderCases(ContractHarness):
         self.assertGreater(holder.expires_at, holder.since + datetime.timedelta(seconds=50))
         self.assertIsNone(info.ended)
 
+    def test_a_re_acquire_by_the_same_owner_records_the_new_holder(self) -> None:
+        """The same owner from another process (an enqueue-time lease taken over by the
+        worker that runs its message, ``django_locks.unique``): same token, the new holder."""
+        self.describing()
+        key, owner = self.key(), new_owner()
+        enqueuer = Holder(host="web-1", pid=77, kind="web", detail="nonce-1")
+        token = self.store.acquire_as(key, owner, 60_000, enqueuer)
+        self.assertEqual(self.store.acquire_as(key, owner, 60_000, WORKER), token)
+        holder = self.listed(key).holder_info
+        assert holder is not None
+        self.assertEqual(
+            (holder.host, holder.pid, holder.kind, holder.detail),
+            (WORKER.host, WORKER.pid, WORKER.kind, WORKER.detail),
+        )
+
     def test_a_failed_acquire_as_returns_who_holds_the_key(self) -> None:
         self.describing()
         key, owner = self.key(), new_owner()

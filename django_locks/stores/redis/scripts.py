@@ -184,6 +184,7 @@ if owner then
     return lease
   end
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('HSET', KEYS[1], 'holder', ARGV[4], 'kind', ARGV[5], 'detail', ARGV[6])
   return tonumber(redis.call('HGET', KEYS[1], 'token'))
 end
 {DRAW_TOKEN}
