@@ -63,6 +63,18 @@ class RenewalPolicy:
     """After a short term the campaign waits min(1 s, ttl / 3), doubled each short term up to
     the ttl (jittered): no crash loop on one replica."""
 
+    exec_grace_max: float = 8.0
+    exec_grace_divisor: int = 3
+    """``run_leader --exec``: the supervisor sends SIGTERM at the holder deadline minus the grace,
+    at most ttl / 3 (a healthy lease is renewed every ttl / 3, so only a lease whose renewals
+    failed for two thirds of its ttl reaches it); the default is min(8 s, ttl / 3): below
+    Docker's 10 s stop timeout."""
+    exec_restart_first: float = 0.5
+    exec_restart_cap: float = 60.0
+    """``run_leader --exec``: after COMMAND exits, the instance waits 0.5 s before campaigning
+    again, doubled after each exit up to 60 s (``--restart-cap``), without jitter so that the
+    waits do double; a COMMAND that ran at least as long as the cap starts the count again."""
+
     task_retry_max: float = 600.0
     """The longest wait before a task's retry (``on_conflict="retry"``): 10 minutes."""
     takeover_margin: float = 0.05
@@ -112,6 +124,20 @@ class RenewalPolicy:
         first = min(self.relaunch_first_max, ttl / self.campaign_divisor)
         return self.backoff(max(failures - 1, 0), cap=ttl, first=first)
 
+    def exec_max_grace(self, ttl: float) -> float:
+        """The longest ``--grace`` of ``run_leader --exec`` for a lease of ``ttl`` seconds."""
+        return ttl / self.exec_grace_divisor
+
+    def exec_grace(self, ttl: float) -> float:
+        """The default ``--grace`` of ``run_leader --exec``."""
+        return min(self.exec_grace_max, self.exec_max_grace(ttl))
+
+    def exec_restart_delay(self, exits: int, cap: float) -> float:
+        """Seconds before campaigning again after COMMAND's ``exits``-th exit in a row (1, 2,
+        ...): ``exec_restart_first`` doubled each time, at most ``cap``; no jitter."""
+        first = min(self.exec_restart_first, cap)
+        return self.backoff(max(exits - 1, 0), cap=cap, first=first, jitter=False)
+
     def replace_wait(self, ttl: float) -> float:
         """A replacing run's default wait for the key (``on_conflict="replace"``): the holder
         reads the request with its next renewal (within a period), and the lease of one that
@@ -131,9 +157,17 @@ class RenewalPolicy:
         """Seconds a Redis wait for a release notice that ran out waits more (above)."""
         return random.uniform(self.head_start_min, self.head_start_max)
 
-    def backoff(self, attempt: int, cap: float | None = None, first: float | None = None) -> float:
+    def backoff(
+        self,
+        attempt: int,
+        cap: float | None = None,
+        first: float | None = None,
+        *,
+        jitter: bool = True,
+    ) -> float:
         """The one capped exponential backoff: ``first * 2 ** attempt`` seconds at most ``cap``,
-        drawn at random from its upper half (jitter). Defaults: a waiting acquire's figures.
+        drawn at random from its upper half (``jitter``, the default; else that figure itself).
+        Defaults: a waiting acquire's figures.
 
         Any ``attempt`` (a wait of days makes millions): past a float's range it is ``cap``.
         """
@@ -144,7 +178,7 @@ class RenewalPolicy:
             delay = min(cap, math.ldexp(first, max(attempt, 0)))
         except OverflowError:
             delay = cap
-        return random.uniform(delay / 2, delay)
+        return random.uniform(delay / 2, delay) if jitter else delay
 
 
 POLICY = RenewalPolicy()

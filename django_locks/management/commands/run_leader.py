@@ -1,4 +1,5 @@
-"""``manage.py run_leader KEY [KEY ...]``: campaign for leaderships and run their work."""
+"""``manage.py run_leader KEY [KEY ...]``: campaign for leaderships and run their work;
+``manage.py run_leader --exec KEY -- COMMAND [ARGS ...]``: run COMMAND only while leading KEY."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_locks import leader
 from django_locks.durations import ttl_ms, wait_ms
+from django_locks.management.exec_options import ExecOptions, exec_options, split_command
 from django_locks.service import locks
 
 DEFAULT_GRACE = "8s"
@@ -31,12 +33,34 @@ class Command(BaseCommand):
         parser.add_argument("--ttl", help="Lease ttl (default: the election's, else LOCKS TTL).")
         parser.add_argument(
             "--grace",
-            default=DEFAULT_GRACE,
-            help=f"How long the work may take to return once stopped (default {DEFAULT_GRACE}).",
+            help=(
+                f"How long the work may take to return once stopped (default {DEFAULT_GRACE}; "
+                "with --exec: COMMAND's time between SIGTERM and SIGKILL, at most ttl/3, "
+                "default min(8s, ttl/3))."
+            ),
         )
+        parser.add_argument(
+            "--exec",
+            dest="exec_key",
+            metavar="KEY",
+            help="Lead KEY and run the COMMAND given after '--' only while leading it.",
+        )
+        parser.add_argument(
+            "--restart-cap",
+            help="With --exec: the longest wait before campaigning again after COMMAND "
+            "exited (the waits double up to it; default 60s).",
+        )
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        parser = super().create_parser(prog_name, subcommand, **kwargs)
+        return split_command(parser)
 
     def handle(self, *args: str, **options: Any) -> None:
         keys: list[str] = options["keys"]
+        run_exec = exec_options(options, locks.ttl_ms)
+        if run_exec is not None:
+            self._exec(run_exec)
+            return
         elections = leader.discover()
         if options["list"]:
             if not elections:
@@ -63,7 +87,7 @@ class Command(BaseCommand):
             )
         try:
             lease_ttl = ttl_ms(options["ttl"], name="--ttl") if options["ttl"] is not None else None
-            grace = wait_ms(options["grace"], name="--grace") / 1000
+            grace = wait_ms(options["grace"] or DEFAULT_GRACE, name="--grace") / 1000
         except (TypeError, ValueError) as exc:
             raise CommandError(str(exc)) from exc
 
@@ -88,16 +112,46 @@ class Command(BaseCommand):
         if code:
             sys.exit(code)
 
-    def _report(self, line: str, level: int) -> None:
+    def _exec(self, run: ExecOptions) -> None:
+        """``--exec``: this process's own lines go to stderr; stdout is COMMAND's."""
+        from django_locks.leader_exec import ExecCampaign
+
+        stopping = threading.Event()
+        campaign = ExecCampaign(
+            run.key,
+            run.command,
+            locks,
+            ttl_ms=run.ttl_ms,
+            grace=run.grace,
+            restart_cap=run.restart_cap,
+            stopping=stopping,
+            report=lambda line, level: self._report(line, level, self.stderr),
+        )
+
+        def stop(signum: int, frame: Any) -> None:
+            self.stderr.write(f"{signal.Signals(signum).name} received: stepping down")
+            stopping.set()
+            campaign.wake.set()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        self.stderr.write(f"Campaigning for {run.key} to run {' '.join(run.command)}")
+        code = campaign.run()
+        self.stderr.flush()
+        if code:
+            sys.exit(code)
+
+    def _report(self, line: str, level: int, out: Any = None) -> None:
         """Print a campaign's line, unless LOGGING shows it already: each line is also logged on
         the django_locks logger, and a project whose LOGGING sends that logger (at this level)
         somewhere would see it twice."""
+        out = self.stdout if out is None else out
         logger = logging.getLogger("django_locks")
         if not logger.isEnabledFor(level):
-            self.stdout.write(line)
+            out.write(line)
             return
         # With no handler anywhere, Python's last resort prints warnings (on stderr) itself.
         last_resort = logging.lastResort
         shown = logger.hasHandlers() or (last_resort is not None and level >= last_resort.level)
         if not shown:
-            self.stdout.write(line)
+            out.write(line)
