@@ -70,7 +70,7 @@ class AlreadyQueuedError(LocksError):
         super().__init__(
             f"Task {task} is already queued or running under key {key!r}{by}; not enqueued "
             "again: catch AlreadyQueuedError (django.tasks: try_enqueue_unique() returns None "
-            "instead), or give unique a key that tells these calls apart."
+            "instead), or give the task a key= that tells these calls apart."
         )
 
 

@@ -100,11 +100,17 @@ def unique_spec(
 
 
 def arguments_json(
-    func: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    func: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    *,
+    template_helps: bool = True,
 ) -> str:
     """The canonical JSON of one call's arguments: bound to ``func``'s signature, defaults
     applied, ``**kwargs`` merged in, sorted keys, no whitespace. ``TypeError`` for arguments
-    the signature does not take, or that JSON cannot encode (naming the argument)."""
+    the signature does not take, or that JSON cannot encode (naming the argument; its hint
+    suggests a key template unless ``template_helps`` is False: a caller that demands JSON
+    arguments whatever the key)."""
     try:
         bound = inspect.signature(func).bind(*args, **kwargs)
     except TypeError as exc:
@@ -116,6 +122,7 @@ def arguments_json(
     for param in inspect.signature(func).parameters.values():
         if param.kind is param.VAR_KEYWORD:
             values.update(values.pop(param.name, {}))
+    hint = ", or give the task a key template (key=...)" if template_helps else ""
     for name, value in values.items():
         try:
             json.dumps(value, sort_keys=True, allow_nan=False)
@@ -123,7 +130,7 @@ def arguments_json(
             raise TypeError(
                 f"argument {name!r} cannot be part of a unique key: JSON cannot encode "
                 f"{type(value).__name__} {value!r:.100} ({exc}). Pass JSON values (str, int, "
-                "float, bool, None, lists, dicts with str keys), or give unique a key template."
+                f"float, bool, None, lists, dicts with str keys){hint}."
             ) from None
     return json.dumps(
         values, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
@@ -212,7 +219,7 @@ def _duplicate(spec: UniqueSpec, key: str, run_id: str, holder: Holder | None) -
     )
     skipped(
         f"{spec.name} (message {run_id}; its enqueue-time lease lapsed before it ran, and "
-        f"{other} now holds the key and will run)",
+        f"{other}, queued or running, holds the key: that one runs instead)",
         key,
         DUPLICATE,
         holder=holder,

@@ -136,6 +136,22 @@ def test_the_checks_find_on_one_instance_and_retry_without_defer(immediate: Any)
     assert not [m for m in check_tasks() if "tasks_app.tasks" in str(m.obj)]
 
 
+def test_the_checks_import_each_installed_app_s_tasks_module() -> None:
+    """The usual layout: the task is in an app's tasks.py, which Django does not import."""
+    import sys
+
+    from django.conf import settings
+    from django.test import override_settings
+
+    from django_locks.contrib.tasks_checks import ON_ONE_INSTANCE, check_tasks
+
+    assert "tests.tasks_autodiscovered.tasks" not in sys.modules
+    apps = [*settings.INSTALLED_APPS, "tests.tasks_autodiscovered"]
+    with override_settings(INSTALLED_APPS=apps):
+        found = {(m.id, m.obj) for m in check_tasks()}
+    assert (ON_ONE_INSTANCE, "tests.tasks_autodiscovered.tasks.nightly") in found
+
+
 def test_manage_py_check_reports_e003(immediate: Any) -> None:
     from django.core.management import call_command
     from django.core.management.base import SystemCheckError

@@ -5,8 +5,10 @@ Which modules are looked at: the modules of the registered jobs (every function 
 ``on_one_instance``, ``without_overlapping`` or ``limit_concurrency`` claims its keys when it is
 decorated, naming its source file). A django.tasks worker imports a task from its function's
 ``module_path``, so the ``Task`` of a decorated function is an attribute of that same module.
-Modules not imported by the time the checks run (``manage.py check`` imports the apps' models,
-URLconfs and whatever they import) are not seen.
+Django imports nothing of django.tasks at startup (a worker imports a task's module when it
+runs one), so the check first imports each installed app's ``tasks`` module, where it has one,
+as Celery's ``autodiscover_tasks()`` does; task functions in other modules are seen once those
+are imported (from an ``AppConfig.ready()``, for example).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 from django.apps import AppConfig
 from django.core import checks
+from django.utils.module_loading import autodiscover_modules
 
 from django_locks import registry
 from django_locks.contrib import tasks, tasks_compat
@@ -37,6 +40,9 @@ def found_tasks() -> Iterator[tuple[str, Any, JobSpec]]:
     classes = tasks_compat.task_classes()
     if not classes:
         return
+    # An app's tasks.py that fails to import raises here, as Django's URL checks do for a
+    # URLconf: the worker would fail the same way.
+    autodiscover_modules("tasks")
     files = {
         os.path.abspath(job.identity[0])
         for job in registry.claimed().values()

@@ -159,7 +159,8 @@ def enqueue_unique(
     # A takes_context function's first parameter is the context, which the enqueue does not pass.
     bound = (None, *args) if getattr(task, "takes_context", False) else args
     if spec.template is not None:
-        arguments_json(spec.func, bound, kwargs)  # JSON only, as the default key checks
+        # JSON only, as the default key checks (the database backend stores them as JSON).
+        arguments_json(spec.func, bound, kwargs, template_helps=False)
     rendered = spec.key(bound, kwargs)
     nonce = secrets.token_hex(16)
     claim(spec, rendered, nonce)

@@ -1,0 +1,57 @@
+"""The testing example of the django.tasks page (docs/topics/tasks.rst includes the part between
+the markers): a project's own TestCase for a unique task, on the dummy and immediate backends."""
+
+# mypy: disable-error-code="untyped-decorator"
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+if importlib.util.find_spec("django.tasks") is None:
+    # The example is written for Django 6.0 (the backport's backends are django_tasks.backends.*);
+    # its tasks run on the backport in tests/test_tasks_unique.py.
+    pytest.skip("the docs' example needs Django 6.0's django.tasks", allow_module_level=True)
+
+pytestmark = [pytest.mark.tasks, pytest.mark.django_db]
+
+# example: start
+from django.test import TestCase, override_settings
+
+from django_locks import AlreadyQueuedError
+from django_locks.contrib.tasks import enqueue_unique, try_enqueue_unique
+from django_locks.testing import reset_locks
+from tests.tasks_app.reports_example import RUNS, rebuild_report
+
+# Django 5.2 with the backport: "django_tasks.backends.dummy.DummyBackend", and so on.
+DUMMY = {"default": {"BACKEND": "django.tasks.backends.dummy.DummyBackend"}}
+IMMEDIATE = {"default": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend"}}
+
+
+@override_settings(TASKS=DUMMY)  # enqueue() only queues: nothing runs
+class RebuildReportEnqueueTests(TestCase):
+    def setUp(self) -> None:
+        reset_locks()  # the keys the last test left queued
+
+    def test_a_second_enqueue_of_the_same_arguments_is_refused(self) -> None:
+        enqueue_unique(rebuild_report, (7,), ttl="1h")
+        with self.assertRaises(AlreadyQueuedError):
+            enqueue_unique(rebuild_report, kwargs={"customer_id": 7}, ttl="1h")
+        self.assertIsNone(try_enqueue_unique(rebuild_report, (7, False), ttl="1h"))
+        self.assertIsNotNone(try_enqueue_unique(rebuild_report, (8,), ttl="1h"))
+
+
+@override_settings(TASKS=IMMEDIATE)  # enqueue() runs the task before it returns
+class RebuildReportRunTests(TestCase):
+    def setUp(self) -> None:
+        reset_locks()
+        RUNS.clear()
+
+    def test_it_runs_and_frees_its_key(self) -> None:
+        enqueue_unique(rebuild_report, (7,), ttl="1h")
+        enqueue_unique(rebuild_report, (7,), ttl="1h")  # the first one has finished
+        self.assertEqual(RUNS, [7, 7])
+
+
+# example: end
