@@ -14,6 +14,6 @@ RUNS: list[int] = []
 
 @task()
 @unique_task
-@without_overlapping("report:{customer_id}")
+@without_overlapping("rebuild-report:{customer_id}")
 def rebuild_report(customer_id: int, full: bool = False) -> None:
     RUNS.append(customer_id)
