@@ -3,6 +3,7 @@ naming the rule, before anything runs; the grace rule and its default; the crash
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -11,6 +12,7 @@ from django.core.management import CommandError, call_command
 
 from django_locks.policy import POLICY
 from tests.children.env import ROOT, child_env
+from tests.children.exec_fleet import Term, check_one_at_a_time
 
 
 @pytest.mark.parametrize(
@@ -62,3 +64,14 @@ def test_the_restart_waits_double_up_to_the_cap() -> None:
     waits = [POLICY.exec_restart_delay(exits, cap=4.0) for exits in range(1, 8)]
     assert waits == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0, 4.0]
     assert POLICY.exec_restart_delay(1, cap=0.2) == 0.2
+
+
+def test_the_overlap_check_finds_two_children_at_once() -> None:
+    one = Term(pid=1, instance=0, token=5, start=10.0, end=12.0, stopped=False, code=None)
+    two = Term(pid=2, instance=1, token=6, start=11.99, end=13.0, stopped=True, code=0)
+    with pytest.raises(AssertionError, match="started 0.0100s before"):
+        check_one_at_a_time([one, two])
+    assert check_one_at_a_time([one, two], overlap=0.02) == pytest.approx(-0.01)
+    older = dataclasses.replace(two, start=12.5, token=4)
+    with pytest.raises(AssertionError, match="tokens went back"):
+        check_one_at_a_time([one, older])
