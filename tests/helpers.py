@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
 from django.dispatch import Signal
 
 from django_locks.exceptions import StoreError
@@ -83,3 +84,35 @@ def competitor_gets(service: Any, key: str) -> bool:
     thread.start()
     thread.join(15)
     return got == [True]
+
+
+ON_POSTGRES = [
+    pytest.mark.postgres,
+    pytest.mark.django_db(transaction=True, databases=["default", "postgres"]),
+]
+"""The marks of a test on the configured DatabaseStore on PostgreSQL."""
+
+SERVICE_STORES = [
+    "memory",
+    pytest.param("postgres", marks=ON_POSTGRES),
+    pytest.param("redis", marks=pytest.mark.redis),
+]
+"""The params of a fixture that configures the service on each store (:func:`configure_service`)."""
+
+
+def configure_service(request: pytest.FixtureRequest, settings: Any, prefix: str) -> str:
+    """Point ``LOCKS`` at the store ``request.param`` names (``"memory"``: the test settings'
+    in-memory store; ``"postgres"``: the DatabaseStore on the ``postgres`` alias; ``"redis"``:
+    the session's redis-server under a fresh ``prefix``); return that name."""
+    import uuid
+
+    if request.param == "postgres":
+        settings.LOCKS = {
+            "BACKEND": "django_locks.stores.DatabaseStore",
+            "OPTIONS": {"using": "postgres"},
+        }
+    elif request.param == "redis":
+        server = request.getfixturevalue("redis_server")
+        options = {"url": server.url, "prefix": f"{prefix}{uuid.uuid4().hex[:8]}"}
+        settings.LOCKS = {"BACKEND": "django_locks.stores.RedisStore", "OPTIONS": options}
+    return str(request.param)

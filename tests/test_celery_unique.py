@@ -27,6 +27,7 @@ from django_locks import AlreadyQueuedError, current_lock
 from django_locks.contrib.celery import HEADER_UNIQUE, UniqueTask, unique
 from django_locks.testing import reset_locks
 from django_locks.unique import owner_for
+from tests.strategies import JSON
 
 pytestmark = pytest.mark.usefixtures("locks_reset")
 
@@ -147,15 +148,6 @@ def test_unique_on_a_unique_task_is_refused(app: Celery) -> None:
 
 # The key: one per call, whatever form the call is given in.
 
-JSON = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers()
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
-    max_leaves=8,
-)
 
 Form = Callable[[Any, int, Any], Any]
 FORMS: list[Form] = [

@@ -38,34 +38,15 @@ from django_locks.ownership import IN_PROGRESS, NOT_REPLACED
 from django_locks.signals import lock_lost, run_skipped
 from django_locks.stores import InMemoryStore
 from django_locks.testing import reset_locks
-from tests.helpers import eventually, recording
+from tests.helpers import SERVICE_STORES, configure_service, eventually, recording
 
 pytestmark = pytest.mark.usefixtures("locks_reset")
 
-ON_POSTGRES = [
-    pytest.mark.postgres,
-    pytest.mark.django_db(transaction=True, databases=["default", "postgres"]),
-]
 
-
-@pytest.fixture(
-    params=[
-        "memory",
-        pytest.param("postgres", marks=ON_POSTGRES),
-        pytest.param("redis", marks=pytest.mark.redis),
-    ]
-)
+@pytest.fixture(params=SERVICE_STORES)
 def store(request: pytest.FixtureRequest, settings: Any) -> Iterator[str]:
     """The configured service on each store offering what the policies need."""
-    if request.param == "postgres":
-        settings.LOCKS = {
-            "BACKEND": "django_locks.stores.DatabaseStore",
-            "OPTIONS": {"using": "postgres"},
-        }
-    elif request.param == "redis":
-        server = request.getfixturevalue("redis_server")
-        options = {"url": server.url, "prefix": f"conflicts{uuid.uuid4().hex[:8]}"}
-        settings.LOCKS = {"BACKEND": "django_locks.stores.RedisStore", "OPTIONS": options}
+    configure_service(request, settings, "conflicts")
     yield request.param
     reset_locks()  # (locks_reset clears the in-memory store the settings go back to)
 

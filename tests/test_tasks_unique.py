@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from django_locks.exceptions import AlreadyQueuedError
 from django_locks.stores import InMemoryStore
+from tests.strategies import JSON
 
 pytestmark = [pytest.mark.tasks, pytest.mark.usefixtures("locks_reset")]
 
@@ -265,16 +266,6 @@ def test_a_malformed_payload_is_refused_naming_it(unique: Any) -> None:
 
 
 # The default key over odd arguments.
-
-JSON = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers()
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
-    max_leaves=8,
-)
 
 
 @settings(

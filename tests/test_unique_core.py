@@ -26,7 +26,8 @@ from django_locks.signals import run_skipped
 from django_locks.testing import reset_locks
 from django_locks.unique import UniqueSpec, arguments_json, claim, owner_for, take_over, unique_spec
 from django_locks.unique import unclaim as give_back
-from tests.helpers import recording
+from tests.helpers import SERVICE_STORES, configure_service, recording
+from tests.strategies import JSON
 
 pytestmark = pytest.mark.usefixtures("locks_reset")
 
@@ -55,17 +56,6 @@ def test_positional_keyword_and_default_calls_are_one_key() -> None:
     assert key.startswith("shop.tasks.report:") and len(key) == len("shop.tasks.report:") + 64
     assert s.key((43,), {}) != key
     assert s.key((42,), {"month": "2026-12"}) != key
-
-
-JSON = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers()
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
-    max_leaves=12,
-)
 
 
 def takes_anything(*args: Any, **kwargs: Any) -> None:
@@ -141,29 +131,10 @@ def test_the_owner_id_is_an_hmac_of_the_message_id(settings: Any) -> None:
 
 # Claim and take-over, on each store.
 
-ON_POSTGRES = [
-    pytest.mark.postgres,
-    pytest.mark.django_db(transaction=True, databases=["default", "postgres"]),
-]
 
-
-@pytest.fixture(
-    params=[
-        "memory",
-        pytest.param("postgres", marks=ON_POSTGRES),
-        pytest.param("redis", marks=pytest.mark.redis),
-    ]
-)
+@pytest.fixture(params=SERVICE_STORES)
 def store(request: pytest.FixtureRequest, settings: Any) -> Iterator[str]:
-    if request.param == "postgres":
-        settings.LOCKS = {
-            "BACKEND": "django_locks.stores.DatabaseStore",
-            "OPTIONS": {"using": "postgres"},
-        }
-    elif request.param == "redis":
-        server = request.getfixturevalue("redis_server")
-        options = {"url": server.url, "prefix": f"unique{uuid.uuid4().hex[:8]}"}
-        settings.LOCKS = {"BACKEND": "django_locks.stores.RedisStore", "OPTIONS": options}
+    configure_service(request, settings, "unique")
     yield request.param
     reset_locks()
 
