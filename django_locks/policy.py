@@ -71,9 +71,13 @@ class RenewalPolicy:
     Docker's 10 s stop timeout."""
     exec_restart_first: float = 0.5
     exec_restart_cap: float = 60.0
+    exec_restart_allowance: float = 1.0
     """``run_leader --exec``: after COMMAND exits, the instance waits 0.5 s before campaigning
-    again, doubled after each exit up to 60 s (``--restart-cap``), without jitter so that the
-    waits do double; a COMMAND that ran at least as long as the cap starts the count again."""
+    again, then 2 s, 5 s, 11 s, 23 s, 47 s, up to 60 s (``--restart-cap``), without jitter: each
+    wait plus 1 s doubles the last one's, so the intervals between restarts (a wait and the
+    restart itself: the campaign, the supervisor's and COMMAND's start, up to half a second on
+    a loaded machine) at least double. A COMMAND that ran at least as long as the cap starts
+    the count again."""
 
     task_retry_max: float = 600.0
     """The longest wait before a task's retry (``on_conflict="retry"``): 10 minutes."""
@@ -134,9 +138,12 @@ class RenewalPolicy:
 
     def exec_restart_delay(self, exits: int, cap: float) -> float:
         """Seconds before campaigning again after COMMAND's ``exits``-th exit in a row (1, 2,
-        ...): ``exec_restart_first`` doubled each time, at most ``cap``; no jitter."""
-        first = min(self.exec_restart_first, cap)
-        return self.backoff(max(exits - 1, 0), cap=cap, first=first, jitter=False)
+        ...): ``exec_restart_first`` plus the restart allowance, doubled each time, less the
+        allowance (0.5, 2, 5, 11 s...), at most ``cap``; no jitter."""
+        allowance = self.exec_restart_allowance
+        first = min(self.exec_restart_first, cap) + allowance
+        grown = self.backoff(max(exits - 1, 0), cap=cap + allowance, first=first, jitter=False)
+        return cap if grown >= cap + allowance else grown - allowance
 
     def replace_wait(self, ttl: float) -> float:
         """A replacing run's default wait for the key (``on_conflict="replace"``): the holder

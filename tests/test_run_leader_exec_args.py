@@ -4,6 +4,7 @@ naming the rule, before anything runs; the grace rule and its default; the crash
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import subprocess
 import sys
 
@@ -60,10 +61,13 @@ def test_the_default_grace_keeps_the_rule() -> None:
         assert POLICY.exec_grace(ttl) <= POLICY.exec_max_grace(ttl)
 
 
-def test_the_restart_waits_double_up_to_the_cap() -> None:
-    waits = [POLICY.exec_restart_delay(exits, cap=4.0) for exits in range(1, 8)]
-    assert waits == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0, 4.0]
+def test_the_restart_waits_and_their_allowance_double_up_to_the_cap() -> None:
+    waits = [POLICY.exec_restart_delay(exits, cap=30.0) for exits in range(1, 8)]
+    assert waits == [0.5, 2.0, 5.0, 11.0, 23.0, 30.0, 30.0]
+    allowed = [wait + POLICY.exec_restart_allowance for wait in waits[:5]]
+    assert all(after == 2 * before for before, after in itertools.pairwise(allowed))
     assert POLICY.exec_restart_delay(1, cap=0.2) == 0.2
+    assert POLICY.exec_restart_delay(10**6, cap=60.0) == 60.0
 
 
 def test_the_overlap_check_finds_two_children_at_once() -> None:

@@ -1,7 +1,7 @@
-"""``run_leader --exec``: a crash-looping COMMAND backs off (the waits between its restarts double
-up to ``--restart-cap``), and a refused renewal (an operator released the lease, another
-instance took it) stops the old COMMAND at once, overlapping the next one by at most a renewal
-period and the grace (the documented overlap; the fencing token tells them apart)."""
+"""``run_leader --exec``: a crash-looping COMMAND backs off (the intervals between its restarts
+at least double up to ``--restart-cap``), and a refused renewal (an operator released the lease,
+another instance took it) stops the old COMMAND at once, overlapping the next one by at most a
+renewal period and the grace (the documented overlap; the fencing token tells them apart)."""
 
 from __future__ import annotations
 
@@ -37,28 +37,30 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
     print(made.dump())
 
 
-CAP = 2.0
-START_LATENCY = 0.5
-"""The most a restart may take beyond its wait: campaign, supervisor and child start."""
+CAP = 6.0
+START_LATENCY = 1.5
+"""The most a restart may take beyond its wait (campaign, supervisor and child start) on a
+loaded machine; the waits grow by POLICY.exec_restart_allowance so that the intervals double
+as long as a restart takes under half of that."""
 
 
 def test_a_crash_looping_command_backs_off(fleet: Fleet) -> None:
     fleet.start("exec-crash", ["exit", "0", "1"], count=1, options=("--restart-cap", f"{CAP}s"))
-    give_up = time.monotonic() + 30
-    while len(fleet.terms()) < 7 and time.monotonic() < give_up:
+    give_up = time.monotonic() + 45
+    while len(fleet.terms()) < 5 and time.monotonic() < give_up:
         time.sleep(0.05)
     terms = fleet.terms()
-    assert len(terms) >= 7, fleet.dump()
-    gaps = [after.start - before.end for before, after in itertools.pairwise(terms)][:6]
+    assert len(terms) >= 5, fleet.dump()
+    gaps = [after.start - before.end for before, after in itertools.pairwise(terms)][:4]
     waits = [POLICY.exec_restart_delay(exits, CAP) for exits in range(1, len(gaps) + 1)]
     print("restart gaps (s):", " ".join(f"{gap:.3f}" for gap in gaps))
     print("planned waits (s):", " ".join(f"{wait:g}" for wait in waits))
-    assert waits[:3] == [0.5, 1.0, 2.0] and waits[3:] == [CAP] * (len(waits) - 3)
+    assert waits == [0.5, 2.0, 5.0, CAP]
     for gap, wait in zip(gaps, waits, strict=True):
         assert wait <= gap < wait + START_LATENCY, (gaps, waits)
     for before, after in itertools.pairwise(gaps[:3]):
-        # Each gap is its wait (doubled from the last) plus the same start latency.
-        assert after >= 2 * before - START_LATENCY, gaps
+        # The intervals between restarts (each wait and the restart itself) at least double.
+        assert after >= 2 * before, gaps
     fleet.stop()
 
 
