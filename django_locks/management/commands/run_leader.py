@@ -48,7 +48,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--restart-cap",
             help="With --exec: the longest wait before campaigning again after COMMAND "
-            "exited (the waits double up to it; default 60s).",
+            "exited (the intervals between restarts double up to it; default 60s).",
         )
 
     def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
