@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -31,6 +33,9 @@ logger = logging.getLogger("django_locks")
 
 TOKEN_VARIABLE = "DJANGO_LOCKS_FENCING_TOKEN"
 """The environment variable holding the fencing token of the term COMMAND runs in."""
+
+NAMED = 80
+"""How much of COMMAND (``shlex.join``) the log lines show."""
 
 LOOK_EVERY = 0.02
 """Seconds between the campaign's looks at the lease's deadline while COMMAND runs: a renewal
@@ -54,6 +59,10 @@ class ExecCampaign:
     ) -> None:
         self.key = key
         self.command = command
+        named = shlex.join(command)
+        self.named = (
+            named if len(named) <= NAMED else named[: NAMED - 1] + "\N{HORIZONTAL ELLIPSIS}"
+        )
         self.locks = locks
         self.ttl_ms = ttl_ms
         self.ttl = ttl_ms / 1000
@@ -94,10 +103,8 @@ class ExecCampaign:
                 self._exits = 1 if ran >= self.restart_cap else self._exits + 1
                 delay = POLICY.exec_restart_delay(self._exits, self.restart_cap)
                 self._say(
-                    "%s exited with code %d after %.1fs: stepped down from %s; campaigning "
-                    "again in %gs",
-                    self.command[0],
-                    code,
+                    "%s after %.1fs: stepped down from %s; campaigning again in %gs",
+                    self._ended(code),
                     ran,
                     self.key,
                     delay,
@@ -180,7 +187,7 @@ class ExecCampaign:
         try:
             while supervisor.poll() is None:
                 if self.stopping.is_set() and not stopped:
-                    self._say("Stopping %s: SIGTERM forwarded", self.command[0])
+                    self._say("Stopping %s: SIGTERM forwarded", self.named)
                     stopped = _tell(pipe, "stop")
                 elif lock.signal.aborted and not stopped:
                     reason = lock.signal.reason
@@ -190,7 +197,7 @@ class ExecCampaign:
                         self.key,
                         lock.fencing_token,
                         detected or "an abort",
-                        self.command[0],
+                        self.named,
                         level=logging.WARNING,
                     )
                     stopped = _tell(pipe, "stop")
@@ -204,14 +211,31 @@ class ExecCampaign:
             if supervisor.poll() is None:
                 supervisor.wait()
         code = supervisor.returncode
+        if code < 0:
+            # The supervisor itself was killed (COMMAND, under PR_SET_PDEATHSIG, with it).
+            self._say(
+                "The supervisor of %s was killed by %s; %s was ended with it",
+                self.key,
+                _signal_name(-code),
+                self.named,
+                level=logging.WARNING,
+            )
+            code = 128 - code
         lost = lock.signal.aborted and isinstance(lock.signal.reason, LockLostError)
         self._release(lock)
         if self.stopping.is_set():
-            self._say("Stepped down from %s (%s ended with code %d)", self.key, "COMMAND", code)
+            self._say("Stepped down from %s (%s)", self.key, self._ended(code))
             return "stopped", code
         if lost:
             return "lost", code
         return "exited", code
+
+    def _ended(self, code: int) -> str:
+        """ "python manage.py crontask exited with code 1", or "... was ended by SIGTERM (143)"
+        for the shell's 128 + N."""
+        if code > 128 and 0 < code - 128 < signal.NSIG:
+            return f"{self.named} was ended by {_signal_name(code - 128)} ({code})"
+        return f"{self.named} exited with code {code}"
 
     def _wait_for(self, supervisor: subprocess.Popen[bytes]) -> None:
         supervisor.wait()
@@ -227,6 +251,13 @@ class ExecCampaign:
                 exc,
                 level=logging.WARNING,
             )
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _tell(pipe: int, line: str) -> bool:

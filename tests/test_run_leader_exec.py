@@ -169,3 +169,19 @@ def test_a_child_exiting_steps_down(fleet: Fleet, run: int, code: int) -> None:
     assert len(terms) >= 3, "the children did not keep taking turns"
     print(f"smallest gap {check_one_at_a_time(terms):.4f}s")
     assert f"exited with code {code} after" in fleet.log(first.instance)
+
+
+@run
+def test_a_killed_supervisor_takes_its_child_and_is_told_as_such(fleet: Fleet, run: int) -> None:
+    first = lead(fleet, ["run"])
+    supervisor = int(Path(f"/proc/{first.pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    os.kill(supervisor, signal.SIGKILL)
+    nxt = fleet.wait_for_child(after=first.start)
+    old = next(term for term in fleet.terms() if term.pid == first.pid)
+    assert not old.stopped  # SIGKILLed by PR_SET_PDEATHSIG: no clean end recorded
+    fleet.stop()
+    print(f"supervisor killed: next child {nxt.start - old.end:.3f}s after the old one's end")
+    print(f"smallest gap {check_one_at_a_time(fleet.terms()):.4f}s")
+    log = fleet.log(first.instance)
+    assert "The supervisor of exec-fault was killed by SIGKILL" in log, log
+    assert "was ended by SIGKILL (137) after" in log, log
