@@ -65,8 +65,9 @@ class HolderCases(ContractHarness):
         self.assertIsNone(info.ended)
 
     def test_a_re_acquire_by_the_same_owner_records_the_new_holder(self) -> None:
-        """The same owner from another process (an enqueue-time lease taken over by the
-        worker that runs its message, ``django_locks.unique``): same token, the new holder."""
+        # The same owner from another process (an enqueue-time lease taken over by the worker
+        # that runs its message, django_locks.unique): same token, the new holder. (No
+        # docstring: unittest prints a case's docstring in the runner's list of cases.)
         self.describing()
         key, owner = self.key(), new_owner()
         enqueuer = Holder(host="web-1", pid=77, kind="web", detail="nonce-1")
