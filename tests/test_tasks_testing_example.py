@@ -5,17 +5,11 @@ the markers): a project's own TestCase for a unique task, on the dummy and immed
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
-if importlib.util.find_spec("django.tasks") is None:
-    # The example is written for Django 6.0 (the backport's backends are django_tasks.backends.*);
-    # its tasks run on the backport in tests/test_tasks_unique.py.
-    pytest.skip("the docs' example needs Django 6.0's django.tasks", allow_module_level=True)
-
-pytestmark = [pytest.mark.tasks, pytest.mark.django_db]
-
+# Collected only where Django 6.0's django.tasks is installed (tests/conftest.py collect_ignore):
+# the example's backend paths are django.tasks.backends.*; its tasks run on the backport in
+# tests/test_tasks_unique.py.
 # example: start
 from django.test import TestCase, override_settings
 
@@ -55,3 +49,5 @@ class RebuildReportRunTests(TestCase):
 
 
 # example: end
+
+pytestmark = [pytest.mark.tasks, pytest.mark.django_db]
