@@ -95,13 +95,22 @@ def render_key(
     """
     if not template_fields(template):
         return template
-    bound = inspect.signature(func).bind(*args, **kwargs)
+    return _KeyFormatter(template).format(template, **call_arguments(func, args, kwargs))
+
+
+def call_arguments(
+    func: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> dict[str, Any]:
+    """One call's arguments by name: bound to ``func``'s signature, defaults applied, the
+    ``**kwargs`` parameter's entries merged in (``TypeError`` when the call does not fit)."""
+    signature = inspect.signature(func)
+    bound = signature.bind(*args, **kwargs)
     bound.apply_defaults()
     values = dict(bound.arguments)
-    for param in inspect.signature(func).parameters.values():
+    for param in signature.parameters.values():
         if param.kind is param.VAR_KEYWORD:
             values.update(values.pop(param.name, {}))
-    return _KeyFormatter(template).format(template, **values)
+    return values
 
 
 class _KeyFormatter(string.Formatter):

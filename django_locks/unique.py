@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import hmac
-import inspect
 import json
 import logging
 from collections.abc import Callable, Mapping
@@ -37,7 +36,7 @@ from django_locks.attempts import told_acquired, try_once
 from django_locks.events import label_of
 from django_locks.exceptions import AlreadyQueuedError
 from django_locks.holders import Holder, this_process
-from django_locks.keys import check_template, render_key, validate_key
+from django_locks.keys import call_arguments, check_template, render_key, validate_key
 from django_locks.lock import Lock
 from django_locks.ownership import DUPLICATE, skipped
 from django_locks.policy import POLICY
@@ -112,16 +111,17 @@ def arguments_json(
     suggests a key template unless ``template_helps`` is False: a caller that demands JSON
     arguments whatever the key)."""
     try:
-        bound = inspect.signature(func).bind(*args, **kwargs)
+        values = call_arguments(func, args, kwargs)
     except TypeError as exc:
         raise TypeError(
             f"the arguments do not fit {getattr(func, '__qualname__', func)}(): {exc}"
         ) from None
-    bound.apply_defaults()
-    values = dict(bound.arguments)
-    for param in inspect.signature(func).parameters.values():
-        if param.kind is param.VAR_KEYWORD:
-            values.update(values.pop(param.name, {}))
+    try:
+        return json.dumps(
+            values, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        )
+    except (TypeError, ValueError):
+        pass  # which argument: each is tried on its own below (only on this failure)
     hint = ", or give the task a key template (key=...)" if template_helps else ""
     for name, value in values.items():
         try:
@@ -132,9 +132,7 @@ def arguments_json(
                 f"{type(value).__name__} {value!r:.100} ({exc}). Pass JSON values (str, int, "
                 f"float, bool, None, lists, dicts with str keys){hint}."
             ) from None
-    return json.dumps(
-        values, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    )
+    raise TypeError(f"the arguments of {getattr(func, '__qualname__', func)}() are not JSON")
 
 
 def owner_for(message_id: str) -> str:
