@@ -16,6 +16,8 @@ from django.test import TestCase, override_settings
 from django_locks import AlreadyQueuedError
 from django_locks.contrib.tasks import enqueue_unique, try_enqueue_unique
 from django_locks.testing import reset_locks
+
+# In your project: from reports.tasks import rebuild_report (RUNS: what the task recorded).
 from tests.tasks_app.reports_example import RUNS, rebuild_report
 
 # Django 5.2 with the backport: "django_tasks.backends.dummy.DummyBackend", and so on.
