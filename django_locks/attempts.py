@@ -60,6 +60,9 @@ def try_once(
         # owner, so one retry recovers the lease (same token) instead of stranding it.
         sent = clock.monotonic()
         token = ask()
+    # The lease lives as long as the store grants it (etcd rounds up): renewals and the
+    # deadline follow that.
+    ttl_ms = store.effective_ttl_ms(ttl_ms)
     permit = None
     if isinstance(token, PermitGrant):
         token, permit = token

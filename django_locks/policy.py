@@ -89,6 +89,18 @@ class RenewalPolicy:
     """A beat publishes a tick within min(1 s, ttl / 10) of recording it: a predecessor that
     renewed later than that after its record lived to publish it."""
 
+    etcd_watch_connect: float = 2.0
+    etcd_watch_read: float = 10.0
+    """The etcd store's watch connects within 2 s and is made again (from its next revision:
+    nothing is missed) after 10 s without a line, so a stream a dead member or a hung route
+    left open is noticed within 10 s."""
+    etcd_watch_first: float = 0.1
+    etcd_watch_cap: float = 5.0
+    """A failed etcd watch is made again after 0.1 s, then backing off to 5 s."""
+    etcd_heartbeat_wait: float = 1.0
+    """The longest wait of ``EtcdStore.renew_many`` for its watch to see its heartbeat before
+    it reads its keys instead."""
+
     def period(self, ttl: float) -> float:
         """Seconds from a renewal's send (or the acquire's) to the next renewal."""
         return ttl / self.renew_divisor
@@ -159,6 +171,10 @@ class RenewalPolicy:
     def publish_window(self, ttl: float) -> float:
         """Seconds within which a beat publishes a tick it recorded (above)."""
         return min(self.publish_window_max, ttl / self.publish_window_divisor)
+
+    def etcd_watch_retry(self, failures: int) -> float:
+        """The wait before the etcd watch is made again, after ``failures`` in a row."""
+        return self.backoff(max(failures - 1, 0), cap=self.etcd_watch_cap, first=self.etcd_watch_first)
 
     def head_start(self) -> float:
         """Seconds a Redis wait for a release notice that ran out waits more (above)."""

@@ -19,12 +19,14 @@ from django_locks.stores.base import (
 
 if TYPE_CHECKING:
     from django_locks.stores.database import DatabaseStore
+    from django_locks.stores.etcd import EtcdStore
     from django_locks.stores.memory import InMemoryStore
     from django_locks.stores.redis import RedisStore
 
 __all__ = [
     "PERMITS_OWNER",
     "DatabaseStore",
+    "EtcdStore",
     "InMemoryStore",
     "LeaseInfo",
     "LockStore",
@@ -36,6 +38,7 @@ __all__ = [
 
 _LAZY = {
     "DatabaseStore": "django_locks.stores.database",
+    "EtcdStore": "django_locks.stores.etcd",
     "InMemoryStore": "django_locks.stores.memory",
     "RedisStore": "django_locks.stores.redis",
 }

@@ -164,6 +164,13 @@ class LockStore:
         """
         raise NotImplementedError
 
+    def effective_ttl_ms(self, ttl_ms: int) -> int:
+        """How long a lease asked for ``ttl_ms`` really lives on this store, never less: what a
+        holder's renewals and deadline use once :meth:`acquire` granted it (no I/O). A store that
+        rounds ttls up (etcd: whole seconds, and the cluster's minimum lease TTL) says so here;
+        by default, ``ttl_ms`` itself."""
+        return ttl_ms
+
     def renew(self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None) -> Renewed:
         """Move the expiry of ``owner``'s live lease on ``key`` to ``ttl_ms`` from now.
 

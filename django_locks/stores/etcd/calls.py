@@ -1,0 +1,48 @@
+"""What every part of ``EtcdStore`` calls through: this process's clients, leases and watch."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from django_locks.stores import runtime
+from django_locks.stores.etcd import records
+from django_locks.stores.etcd.leases import Granted, ProcessLeases
+from django_locks.stores.etcd.records import Layout, Record
+from django_locks.stores.etcd.watch import Watch
+from django_locks.stores.etcd.wire import Json, Wire
+
+
+class Process:
+    """What one process keeps per store: the clients, its leases, its watch, its id (the name
+    of its heartbeat key)."""
+
+    def __init__(self, endpoints: list[tuple[str, str, int]], what: str, layout: Layout) -> None:
+        self.wire = Wire(endpoints, what)
+        self.leases = ProcessLeases(self.wire)
+        self.watch = Watch(self.wire, layout.root, layout.leases, layout.preempts)
+        self.id = uuid.uuid4().hex
+
+
+class Calls:
+    """The helpers the store's methods share (set up by ``EtcdStore.__init__``)."""
+
+    layout: Layout
+    timeout: float
+    _process: runtime.ProcessLocal[Process]
+
+    def _deadline(self, timeout: float | None) -> float:
+        return Wire.deadline(self.timeout if timeout is None else timeout)
+
+    @staticmethod
+    def _left(deadline: float) -> float:
+        return max(deadline - time.monotonic(), 0)
+
+    def _txn(self, body: Json, deadline: float) -> Json:
+        return self._process.get().wire.call("kv/txn", body, deadline)
+
+    def _shared(self, ttl_ms: int, deadline: float) -> Granted:
+        return self._process.get().leases.shared(ttl_ms, deadline)
+
+    def _decoded(self, kvs: list[Json]) -> Record | None:
+        return records.decode(self.layout, kvs[0]) if kvs else None

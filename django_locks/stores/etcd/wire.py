@@ -1,0 +1,195 @@
+"""The calls of ``EtcdStore``: etcd's v3 JSON API on the gRPC gateway, through etcd3gw's client.
+
+One :class:`etcd3gw.client.Etcd3Client` per endpoint and thread (each has its ``requests``
+session; a call sets its own timeout on it), made afresh in a forked child. A call goes to the
+endpoint that answered last; an endpoint that refuses the connection is left for the next one
+at once (nothing was sent). A call that times out may have been applied: it raises
+``StoreTimeoutError`` and the next call starts at the next endpoint (the caller decides whether
+to retry; acquire and renew are idempotent). etcd's own errors ("etcdserver: leader changed",
+"requested lease not found") are ``StoreError`` naming the endpoint, except the lease one, which
+the store handles (:class:`LeaseNotFound`).
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from etcd3gw import exceptions as etcd_errors
+from etcd3gw.client import Etcd3Client
+
+from django_locks.durations import MAX_DURATION_MS
+from django_locks.exceptions import StoreError, StoreTimeoutError
+from django_locks.stores import runtime
+
+Json = dict[str, Any]
+
+
+class LeaseNotFound(StoreError):
+    """etcd answered "requested lease not found": the lease a put named has expired."""
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def unb64(text: str) -> bytes:
+    return base64.b64decode(text)
+
+
+def range_end(prefix: bytes) -> bytes:
+    """The end of the range of every key starting with ``prefix`` (its last byte incremented)."""
+    return prefix[:-1] + bytes([prefix[-1] + 1])
+
+
+# Txn operations (etcdserverpb's RequestOp / Compare, as the gateway's JSON spells them).
+
+
+def put(key: bytes, value: bytes, lease: int = 0) -> Json:
+    return {"request_put": {"key": b64(key), "value": b64(value), "lease": str(lease)}}
+
+
+def move(key: bytes, lease: int) -> Json:
+    """Put ``key`` onto ``lease`` keeping its value (and its create_revision: the token)."""
+    return {"request_put": {"key": b64(key), "ignore_value": True, "lease": str(lease)}}
+
+
+def get(key: bytes) -> Json:
+    return {"request_range": {"key": b64(key)}}
+
+
+def get_prefix(prefix: bytes, *, limit: int = 0) -> Json:
+    body = {"key": b64(prefix), "range_end": b64(range_end(prefix)), "limit": str(limit)}
+    return {"request_range": body}
+
+
+def delete(key: bytes) -> Json:
+    return {"request_delete_range": {"key": b64(key)}}
+
+
+def txn(compare: Sequence[Json], success: Sequence[Json], failure: Sequence[Json] = ()) -> Json:
+    return {"request_txn": {"compare": list(compare), "success": list(success),
+                            "failure": list(failure)}}  # fmt: skip
+
+
+def absent(key: bytes) -> Json:
+    return {"target": "CREATE", "key": b64(key), "create_revision": "0", "result": "EQUAL"}
+
+
+def created_at(key: bytes, revision: int) -> Json:
+    return {"target": "CREATE", "key": b64(key), "create_revision": str(revision),
+            "result": "EQUAL"}  # fmt: skip
+
+
+def on_lease(key: bytes, lease: int) -> Json:
+    return {"target": "LEASE", "key": b64(key), "lease": str(lease), "result": "EQUAL"}
+
+
+def owned_by(key: bytes, owner_prefix: bytes) -> list[Json]:
+    """The key's value starts with ``owner_prefix`` (``owner + NUL``): two comparisons of the
+    whole value, since etcd compares values only whole (``prefix <= value < prefix+1``)."""
+    upper = owner_prefix[:-1] + b"\x01"
+    return [
+        {"target": "VALUE", "key": b64(key), "value": b64(owner_prefix), "result": "GREATER"},
+        {"target": "VALUE", "key": b64(key), "value": b64(upper), "result": "LESS"},
+    ]
+
+
+def responses(reply: Json) -> list[Json]:
+    """A Txn reply's responses, nested Txns' unwrapped in order (``[(succeeded, [...]), ...]``
+    are left to the caller: this returns the top level)."""
+    return list(reply.get("responses", ()))
+
+
+def kvs(response: Json) -> list[Json]:
+    """The key-values of one ``response_range`` (empty when the range found none)."""
+    return list(response.get("response_range", {}).get("kvs", ()))
+
+
+class Wire:
+    """The endpoints of one store, for this process: one client per endpoint and thread."""
+
+    def __init__(self, endpoints: Sequence[tuple[str, str, int]], what: str) -> None:
+        self.endpoints = list(endpoints)
+        self.what = what
+        self._local = threading.local()
+        self.preferred = 0  # the endpoint that answered last
+        self._lock = threading.Lock()
+
+    def client(self, index: int) -> Etcd3Client:
+        clients: dict[int, Etcd3Client] | None = getattr(self._local, "clients", None)
+        if clients is None:
+            clients = self._local.clients = {}
+        client = clients.get(index)
+        if client is None:
+            protocol, host, port = self.endpoints[index]
+            # /v3/ is etcd 3.4's gateway path: no discovery round trip (the check reads the
+            # version).
+            client = Etcd3Client(host=host, port=port, protocol=protocol, api_path="/v3/")
+            clients[index] = client
+        return client
+
+    def endpoint(self, index: int) -> str:
+        protocol, host, port = self.endpoints[index]
+        return f"{protocol}://{host}:{port}"
+
+    @staticmethod
+    def deadline(timeout: float) -> float:
+        return time.monotonic() + min(timeout, MAX_DURATION_MS / 1000)
+
+    def call(self, path: str, body: Json, deadline: float) -> Json:
+        """POST ``body`` to ``path`` (``"kv/txn"``, ``"lease/keepalive"``) on one endpoint,
+        moving on to the next when one refuses the connection; ``StoreTimeoutError`` at the
+        deadline."""
+        first = self.preferred
+        count = len(self.endpoints)
+        last_error: BaseException | None = None
+        for step in range(count):
+            index = (first + step) % count
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            client = self.client(index)
+            client.timeout = left
+            try:
+                reply: Json = client.post(client.get_url(path), json=body)
+            except etcd_errors.ConnectionFailedError as exc:
+                last_error = exc  # refused or unavailable: nothing applied, the next endpoint
+                continue
+            except etcd_errors.ConnectionTimeoutError as exc:
+                self._prefer((index + 1) % count)
+                raise StoreTimeoutError(
+                    f"etcd at {self.endpoint(index)} did not answer within "
+                    f"{max(left, 0):.3g}s; the call was abandoned (it may have been applied) "
+                    f"and the next call goes to another endpoint of {self.what}."
+                ) from exc
+            except etcd_errors.Etcd3Exception as exc:
+                text = f"{exc.detail_text or ''} {exc}"
+                if "requested lease not found" in text:
+                    raise LeaseNotFound(f"{self.what}: the lease has expired") from exc
+                raise runtime.translated(
+                    exc, f"etcd at {self.endpoint(index)}", timed_out=False, hint=_hint(text)
+                ) from exc
+            self._prefer(index)
+            return reply
+        if last_error is None:
+            raise StoreTimeoutError(f"{self.what} was not called: the call's time ran out")
+        raise StoreError(
+            f"No endpoint of {self.what} answered ({last_error}): check that the etcd members "
+            f"are running and reachable, and the store's `endpoints` option."
+        ) from last_error
+
+    def _prefer(self, index: int) -> None:
+        with self._lock:
+            self.preferred = index
+
+
+def _hint(text: str) -> str:
+    if "leader changed" in text or "no leader" in text or "timed out" in text:
+        return " The cluster is electing a leader: the call can be retried in a moment."
+    if "too many operations in txn" in text:
+        return " Raise the members' --max-txn-ops (128 by default), or use fewer permits."
+    return ""
