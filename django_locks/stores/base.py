@@ -11,6 +11,8 @@ import functools
 from collections.abc import Iterable, Sequence
 from typing import Any, Final, Literal, NamedTuple
 
+from django.core.exceptions import ImproperlyConfigured
+
 from django_locks import process
 from django_locks.holders import Holder
 
@@ -165,10 +167,8 @@ class LockStore:
         raise NotImplementedError
 
     def effective_ttl_ms(self, ttl_ms: int) -> int:
-        """How long a lease asked for ``ttl_ms`` really lives on this store, never less: what a
-        holder's renewals and deadline use once :meth:`acquire` granted it (no I/O). A store that
-        rounds ttls up (etcd: whole seconds, and the cluster's minimum lease TTL) says so here;
-        by default, ``ttl_ms`` itself."""
+        """How long a lease granted for ``ttl_ms`` lives here, never less (no I/O; what renewals
+        and the holder's deadline use): etcd rounds up to whole seconds and a minimum."""
         return ttl_ms
 
     def renew(self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None) -> Renewed:
@@ -188,10 +188,9 @@ class LockStore:
         """
         raise NotImplementedError
 
-    # Holders and how leases end (version 3). Each default below falls back on the three
-    # methods above, so a store written to them keeps working: it just records no holder
-    # description and no end reason. A store that records them overrides all four and sets
-    # ``describes_holders``; LockStoreContract then checks them.
+    # Holders and how leases end (version 3). Each default below falls back on the three methods
+    # above (a store written to them records no holder description and no end reason); a store
+    # that records them overrides all four and sets ``describes_holders`` (the contract checks).
 
     describes_holders: bool = False
     """Whether the store records the holder's description with each lease, returns the current
@@ -281,10 +280,9 @@ class LockStore:
         """
         raise NotImplementedError
 
-    # Preempt requests (version 3, optional): what on_conflict="replace" writes. A store that
-    # offers them sets ``supports_preempt`` (a class attribute: read from the configured
-    # BACKEND without building the store) and overrides preempt(); LockStoreContract then
-    # checks every rule below.
+    # Preempt requests (version 3, optional): what on_conflict="replace" writes. A store offering
+    # them sets ``supports_preempt`` (a class attribute: read from the configured BACKEND without
+    # building the store) and overrides preempt(); LockStoreContract checks every rule below.
 
     supports_preempt: bool = False
     """Whether the store offers :meth:`preempt`, and :data:`PREEMPTED` answers of renewals."""
@@ -323,13 +321,11 @@ class LockStore:
         """The key's tick record, whoever wrote it; ``None`` when there is none."""
         raise NotImplementedError
 
-    # Optional capabilities. A store without one leaves the method raising NotImplementedError;
-    # LockStoreContract skips the matching cases with a reason.
+    # Optional capabilities: a store without one leaves it raising NotImplementedError (skipped).
 
     keeps_ended_leases: bool = False
-    """Whether the store keeps the records of released and expired leases (one row per key, as
-    the database store does) for :meth:`prune` to delete. ``manage.py locks prune`` says there is
-    nothing to prune in a store that keeps none."""
+    """Whether the store keeps released and expired leases (a row per key, as the database store
+    does) for :meth:`prune`; ``manage.py locks prune`` says a store that keeps none has none."""
 
     def leases(self, *, include_inactive: bool = False) -> list[LeaseInfo]:
         """List leases, held ones first then by key; with ``include_inactive`` also expired and
@@ -431,7 +427,6 @@ class LockStore:
 
 holder_name = process.holder
 """``host:pid`` of this process, as stores record a lease's holder for people reading the admin."""
-
 MAX_ENDED_BY = 255
 """The longest ``by`` of :meth:`LockStore.force_end` kept (the database store's column)."""
 
@@ -439,12 +434,10 @@ MAX_ENDED_BY = 255
 def require_permits(store: LockStore, permits: int) -> None:
     """Refuse ``permits`` above 1 on a store without the capability, naming both."""
     if permits > 1 and not store.supports_permits:
-        from django.core.exceptions import ImproperlyConfigured
-
         raise ImproperlyConfigured(
-            f"permits={permits} needs a store offering permits, and {store} does not (an "
-            f"optional capability of the store contract): use the database (PostgreSQL or "
-            f"SQLite), Redis or in-memory store, or permits=1"
+            f"permits={permits} needs a store offering permits, and {store} does not (an optional"
+            f" capability of the store contract): use the database (PostgreSQL or SQLite), etcd,"
+            f" Redis or in-memory store, or permits=1"
         )
 
 
