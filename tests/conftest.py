@@ -61,6 +61,33 @@ def make_redis_server() -> Iterator[Any]:
         server.destroy()
 
 
+@pytest.fixture(scope="session")
+def etcd_cluster() -> Iterator[Any]:
+    """The throwaway three-member etcd cluster on loopback (tests/servers/etcd.py), started once
+    for the session; a missing /usr/bin/etcd skips, or fails under CI=true."""
+    from tests.servers.etcd import EtcdCluster
+
+    cluster = EtcdCluster()
+    try:
+        cluster.start()
+    except Exception:
+        cluster.destroy()
+        raise
+    yield cluster
+    cluster.destroy()
+
+
+@pytest.fixture
+def etcd(etcd_cluster: Any) -> Iterator[Any]:
+    """The session's etcd cluster, whole: every member running and resumed, and a leader, before
+    and after the test (which may kill, stop or pause members); the members' logs on failure."""
+    etcd_cluster.heal()
+    yield etcd_cluster
+    # Printed during teardown: pytest shows it only for a failed test.
+    print(etcd_cluster.logs(lines=30))
+    etcd_cluster.heal()
+
+
 # PostgreSQL and PgBouncer (tests/servers/postgres.py): started once collection (and -m / -k
 # deselection) is done and only when selected tests carry the `postgres` / `pgbouncer` markers,
 # so that their DATABASES aliases exist before pytest-django creates the test databases.
