@@ -1,5 +1,6 @@
 """The store contract on every store we ship: InMemoryStore, DatabaseStore on SQLite and PostgreSQL
-(also through PgBouncer), RedisStore on one server and on a Redis Cluster.
+(also through PgBouncer), RedisStore on one server and on a Redis Cluster, EtcdStore on a
+three-member etcd cluster.
 
 Every ``LockStoreContract`` subclass of the test suite is here (tests/test_test_layout.py fails
 on one elsewhere), so "every store we ship passes the contract" is this one file. A store's own
@@ -17,6 +18,7 @@ from django_locks.stores.database import DatabaseStore
 from django_locks.testing import LockStoreContract
 
 if TYPE_CHECKING:
+    from django_locks.stores.etcd import EtcdStore
     from django_locks.stores.redis import RedisStore
 
 # InMemoryStore.
@@ -114,3 +116,29 @@ class RedisClusterStoreContract(LockStoreContract):
         from django_locks.stores.redis import RedisStore
 
         return RedisStore(url=self.cluster_url, cluster=True, max_connections=8)
+
+
+# EtcdStore, on the suite's three-member cluster (tests/servers/etcd.py).
+
+
+@pytest.fixture(scope="class")
+def _etcd_on_class(request, etcd_cluster):
+    request.cls.etcd_endpoints = etcd_cluster.endpoints
+
+
+@pytest.mark.etcd
+@pytest.mark.usefixtures("_etcd_on_class")
+class EtcdStoreContract(LockStoreContract):
+    """The contract on every member's endpoint, 16 racing callers. etcd keeps ttls in whole
+    seconds and grants no lease below the cluster's minimum (2 s with the suite's
+    --election-timeout 1000), so short leases are 2 s ones."""
+
+    concurrent_callers = 16
+    short_ttl_ms = 2000
+    ttl_granularity_ms = 1000
+    etcd_endpoints: list[str]
+
+    def make_store(self) -> EtcdStore:
+        from django_locks.stores.etcd import EtcdStore
+
+        return EtcdStore(endpoints=self.etcd_endpoints)

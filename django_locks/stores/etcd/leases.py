@@ -63,6 +63,11 @@ class ProcessLeases:
             self.min_ttl_s = max(self.min_ttl_s, given)
         return Granted(int(reply["ID"]), given, sent)
 
+    def by_id(self, lease_id: int) -> Granted | None:
+        """The shared lease ``lease_id``, or ``None`` when it is not one of this process's."""
+        with self._lock:
+            return next((held for held in self._by_ttl.values() if held.id == lease_id), None)
+
     def forget(self, granted: Granted) -> None:
         """Drop a shared lease etcd no longer has (it expired): the next use grants another."""
         with self._lock:

@@ -4,6 +4,8 @@ vouch for them."""
 
 from __future__ import annotations
 
+import math
+
 from django_locks.policy import POLICY
 from django_locks.stores.base import PREEMPTED, Renewed, Slot
 from django_locks.stores.etcd import records
@@ -122,15 +124,22 @@ class Renewals(Calls):
 
     def _strand(self, key: str, owner: str, ttl_s: float | None, deadline: float) -> bool:
         """Move ``key`` onto a lease of its own of ``ttl_s`` (rounded up; the cluster's minimum
-        at least; ``None``: the time its lease has left) that nobody renews, in one Txn guarded
-        on its owner."""
+        at least) that nobody renews, in one Txn guarded on its owner. ``ttl_s`` ``None``: the
+        time its lease has left, at least until the holder's deadline (which counts from a
+        renewal sent before this process's last keepalive of that lease)."""
         process = self._process.get()
         names = self.layout.names(key)
         if ttl_s is None:
-            ttl_s = self._left_on(names.lease, deadline)
-        own = process.leases.grant(max(int(-(-ttl_s // 1)), 1), deadline)
+            own = process.watch.own.get(names.lease)
+            granted = None if own is None else process.leases.by_id(own.lease)
+            if granted is not None:
+                ttl_s = process.leases.left_s(granted)
+            else:  # etcd reports whole seconds left, rounded down: one more
+                ttl_s = self._left_on(names.lease, deadline) + 1
+        own_lease = process.leases.grant(max(math.ceil(ttl_s), 1), deadline)
         owned = ops.owned_by(names.lease, records.owner_prefix(owner))
-        reply = self._txn({"compare": owned, "success": [ops.move(names.lease, own.id)]}, deadline)
+        body = {"compare": owned, "success": [ops.move(names.lease, own_lease.id)]}
+        reply = self._txn(body, deadline)
         if reply.get("succeeded"):
             process.watch.drop(names.lease)
         return bool(reply.get("succeeded"))

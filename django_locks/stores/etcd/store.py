@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -21,7 +22,7 @@ from django_locks.stores.base import (
     check_older_than,
     holder_name,
 )
-from django_locks.stores.etcd import records
+from django_locks.stores.etcd import checks, records
 from django_locks.stores.etcd import wire as ops
 from django_locks.stores.etcd.calls import Process
 from django_locks.stores.etcd.listing import Listing
@@ -60,9 +61,10 @@ class EtcdStore(Renewals, Listing, LockStore):
         self.prefix = prefix
         self.timeout = timeout_seconds(timeout, name="timeout")
         self.layout = Layout(prefix)
-        self._process = runtime.ProcessLocal(
-            lambda: Process(self.endpoints, str(self), self.layout)
-        )
+        endpoints_, what, layout = self.endpoints, str(self), self.layout
+        self._process = runtime.ProcessLocal(lambda: Process(endpoints_, what, layout))
+        # A store dropped without close() ends its watch thread too (nothing above holds self).
+        weakref.finalize(self, _stop_watch, self._process)
 
     def __repr__(self) -> str:
         return f"<EtcdStore endpoints={self._urls()!r} prefix={self.prefix!r}>"
@@ -279,11 +281,31 @@ class EtcdStore(Renewals, Listing, LockStore):
         return self.force_release(key)
 
     def close(self) -> None:
-        """Forgets this process's clients (the next call reconnects). The leases and the watch
-        stay: locks held are still renewed."""
+        """Ends this process's watch and closes its connections (the next call reconnects, and
+        a renewal or a waiter starts the watch again). The etcd leases stay: locks held are
+        still renewed by their renewers."""
+        process = self._process.peek()
+        if process is not None:
+            process.watch.stop()
+            process.wire.close()
+
+    @classmethod
+    def check_options(cls, options: dict[str, Any]) -> list[Any]:
+        """E301-E303: ``endpoints``, ``prefix`` or ``timeout`` refused (no I/O)."""
+        return checks.option_messages(options)
 
     def check(self, *, databases: Iterable[str] | None = None, deploy: bool = False) -> list[Any]:
-        return []
+        """W301-W307 (``--deploy`` / ``--database``): the cluster's health, its version, and
+        ``LOCKS["TTL"]`` against the effective ttl."""
+        if not deploy and not databases:
+            return []
+        return checks.store_messages(self)
+
+
+def _stop_watch(process: runtime.ProcessLocal[Process]) -> None:
+    held = process.peek()
+    if held is not None:
+        held.watch.stop(wait=False)
 
 
 def _now_ms() -> int:

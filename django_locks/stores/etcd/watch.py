@@ -60,11 +60,14 @@ class Watch:
         self.failing = False
         self._thread: threading.Thread | None = None
         self._stopped = False
+        self._response: Any = None  # the stream being read, closed by stop()
 
     # What the store asks.
 
     def ensure(self) -> None:
+        """Start the watch thread, unless it runs (a thread that died is started again)."""
         with self._cond:
+            self._stopped = False
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="django_locks etcd watch", daemon=True
@@ -138,6 +141,8 @@ class Watch:
                 self._stream()
                 failures = 0
             except Exception as exc:  # the thread must outlive every failure
+                if self._stopped:
+                    return
                 failures += 1
                 with self._cond:
                     first, self.failing = not self.failing, True
@@ -163,6 +168,9 @@ class Watch:
             stream=True,
             timeout=(POLICY.etcd_watch_connect, POLICY.etcd_watch_read),
         ) as response:
+            self._response = response
+            if self._stopped:
+                return
             response.raise_for_status()
             for line in response.iter_lines(chunk_size=65536):
                 if line.strip():
@@ -218,5 +226,13 @@ class Watch:
             ):
                 own.preempted = True
 
-    def stop(self) -> None:
-        self._stopped = True
+    def stop(self, *, wait: bool = True) -> None:
+        """End the thread (``EtcdStore.close()``): the next use starts it again, from the next
+        revision, so nothing is missed for the keys held meanwhile."""
+        with self._cond:
+            self._stopped = True
+            response, thread = self._response, self._thread
+        if response is not None:
+            response.close()
+        if wait and thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=1)

@@ -132,6 +132,13 @@ class Wire:
             clients[index] = client
         return client
 
+    def close(self) -> None:
+        """Close the calling thread's sessions (other threads' close as they end)."""
+        clients: dict[int, Etcd3Client] = getattr(self._local, "clients", {})
+        for client in clients.values():
+            client.session.close()
+        clients.clear()
+
     def endpoint(self, index: int) -> str:
         protocol, host, port = self.endpoints[index]
         return f"{protocol}://{host}:{port}"

@@ -1,0 +1,203 @@
+"""The etcd store's own behaviour on the suite's three-member cluster (tests/servers/etcd.py):
+the effective ttl, renewals in two round trips answered per key by the watch, release notices,
+failover between endpoints, and a leader's death. The contract is in test_contract.py."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from django_locks import Locks
+from django_locks.exceptions import StoreError, StoreTimeoutError
+from django_locks.stores.base import PREEMPTED
+from django_locks.stores.etcd import EtcdStore
+from django_locks.stores.etcd.wire import Wire
+from tests.waiting import eventually
+
+pytestmark = [pytest.mark.etcd, pytest.mark.slow]
+
+
+def make_store(endpoints: list[str], **options: Any) -> EtcdStore:
+    return EtcdStore(endpoints=endpoints, prefix=f"t-{uuid.uuid4().hex[:8]}", **options)
+
+
+class Counting:
+    """Counts this process's calls of a store's Wire (each one HTTP round trip), by path."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: list[str] = []
+        original = Wire.call
+
+        def call(wire: Wire, path: str, body: Any, deadline: float) -> Any:
+            self.calls.append(path)
+            return original(wire, path, body, deadline)
+
+        monkeypatch.setattr(Wire, "call", call)
+
+
+def test_the_effective_ttl_is_the_ttl_rounded_up_to_whole_seconds_and_the_cluster_minimum(
+    etcd: Any,
+) -> None:
+    store = make_store(etcd.endpoints)
+    assert store.acquire("k", "owner", 100) is not None  # the first grant tells the minimum
+    assert store.effective_ttl_ms(100) == 2000  # 1.5 x the 1 s election timeout, rounded up
+    assert store.effective_ttl_ms(2001) == 3000
+    assert store.effective_ttl_ms(60_000) == 60_000
+    info = store.lease("k")
+    assert info is not None and info.expires_in is not None
+    assert info.expires_in.total_seconds() <= 2
+    # A lock's renewals and deadline follow the effective ttl, not the one asked for.
+    with Locks(store, ttl=0.3).lock("lock") as lock:
+        assert lock.ttl == 2.0
+        time.sleep(2.5)  # past the effective ttl: renewed all along
+        assert lock.held
+        assert store.acquire("lock", "another", 1000) is None
+
+
+def test_renew_many_of_a_thousand_locks_is_two_round_trips_and_answers_per_key(
+    etcd: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = make_store(etcd.endpoints)
+    other = make_store(etcd.endpoints)  # another process's view: its own watch
+    other.prefix, other.layout = store.prefix, store.layout
+    leases = [(f"k{i}", f"o{i}", 10_000) for i in range(1000)]
+    for key, owner, ttl in leases:
+        assert store.acquire(key, owner, ttl) is not None
+    assert all(answer is True for answer in store.renew_many(leases))  # first: read
+    assert other.force_release("k7")
+    assert other.force_release("k9")
+    taken = other.acquire("k7", "thief", 10_000)
+    assert taken is not None
+    counting = Counting(monkeypatch)
+    answers = store.renew_many(leases)
+    # The heartbeat's put (the watch has seen everything before it), then one keepalive.
+    assert counting.calls == ["kv/txn", "lease/keepalive"], counting.calls
+    assert answers[7] is False, "force-released, then taken by another owner"
+    assert answers[9] is False, "force-released"
+    assert [a for i, a in enumerate(answers) if i not in (7, 9)] == [True] * 998
+    # A preempt request: answered at once, and the lease moved onto one of its own (one grant,
+    # one Txn), so that the keepalive does not extend it.
+    assert other.preempt("k8") is not None
+    counting.calls.clear()
+    answers = store.renew_many(leases)
+    assert answers[8] == PREEMPTED
+    assert counting.calls == ["kv/txn", "lease/grant", "kv/txn", "lease/keepalive"]
+    assert store.renew("k8", "o8", 10_000) == PREEMPTED
+    info = store.lease("k8")
+    assert info is not None and info.expires_in is not None
+    assert info.expires_in.total_seconds() <= 10
+
+
+def test_a_key_force_released_by_another_process_is_refused_at_the_next_renewal(
+    etcd: Any,
+) -> None:
+    store = make_store(etcd.endpoints)
+    other = make_store(etcd.endpoints)
+    other.prefix, other.layout = store.prefix, store.layout
+    assert store.acquire("k", "mine", 5000) is not None
+    assert store.renew("k", "mine", 5000) is True
+    assert other.force_release("k")
+    assert store.renew("k", "mine", 5000) is False
+    assert other.acquire("k", "theirs", 5000) is not None
+    assert store.renew("k", "mine", 5000) is False
+
+
+def test_a_release_wakes_a_waiter_in_another_process_by_the_watch(etcd: Any) -> None:
+    store = make_store(etcd.endpoints)
+    assert store.acquire("k", "holder", 30_000) is not None
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # a process of its own: its own watch
+        try:
+            woken = store.wait_for_release("k", 10)
+            os.write(write, b"1" if woken else b"0")
+        finally:
+            os._exit(0)
+    time.sleep(1.0)  # the child's watch is up
+    released = time.monotonic()
+    assert store.release("k", "holder")
+    answer = os.read(read, 1)
+    waited = time.monotonic() - released
+    os.waitpid(child, 0)
+    assert answer == b"1" and waited < 1.0, (answer, waited)
+
+
+def test_calls_go_on_through_the_other_members_while_one_is_down(etcd: Any) -> None:
+    # Long enough for an election: the member killed may be the leader.
+    store = make_store(etcd.endpoints, timeout=10)
+    assert store.acquire("k", "owner", 10_000) is not None
+    etcd.member(0).kill()  # the first endpoint, where calls start
+    assert store.renew("k", "owner", 10_000) is True
+    assert store.release("k", "owner")
+    assert store.acquire("k", "other", 10_000) is not None
+
+
+def test_a_call_to_a_paused_member_times_out_and_the_next_goes_elsewhere(etcd: Any) -> None:
+    store = make_store(etcd.endpoints)
+    token = store.acquire("k", "owner", 10_000)
+    assert token is not None
+    etcd.member(0).pause()
+    with pytest.raises(StoreTimeoutError, match="did not answer"):
+        store.renew("k", "owner", 10_000, timeout=0.5)
+    assert store.acquire("k", "owner", 10_000, timeout=3) == token  # idempotent, elsewhere
+
+
+def test_a_held_lock_keeps_its_key_and_token_through_a_leader_kill(etcd: Any) -> None:
+    store = make_store(etcd.endpoints, timeout=1)
+    token = store.acquire("k", "owner", 10_000)
+    assert token is not None
+    leader = etcd.wait_for_leader()
+    killed = time.monotonic()
+    etcd.member(leader).kill()
+
+    def renewed() -> bool:
+        try:
+            return store.renew("k", "owner", 10_000) is True
+        except StoreError:
+            return False
+
+    eventually(renewed, timeout=15, what="a renewal after the leader's death", every=0.1)
+    served = time.monotonic() - killed
+    assert store.acquire("k", "owner", 10_000) == token
+    assert store.acquire("k", "another", 10_000) is None
+    assert store.release("k", "owner")
+    again = store.acquire("k", "another", 10_000)
+    assert again is not None and again > token
+    assert served < 10, served
+
+
+def test_threads_racing_for_one_key_across_members_one_wins(etcd: Any) -> None:
+    stores = [make_store([url]) for url in etcd.endpoints]
+    for store in stores[1:]:
+        store.prefix, store.layout = stores[0].prefix, stores[0].layout
+    won: list[int] = []
+    barrier = threading.Barrier(12)
+
+    def race(index: int) -> None:
+        barrier.wait()
+        token = stores[index % 3].acquire("k", f"o{index}", 10_000)
+        if token is not None:
+            won.append(token)
+
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(won) == 1, won
+
+
+def test_bad_options_are_refused_naming_the_option() -> None:
+    with pytest.raises(ValueError, match="`endpoints`"):
+        EtcdStore(endpoints=[])
+    with pytest.raises(ValueError, match="http:// or https://"):
+        EtcdStore(endpoints=["127.0.0.1:2379"])
+    with pytest.raises(TypeError, match="URL str"):
+        EtcdStore(endpoints=[2379])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="`prefix`"):
+        EtcdStore(prefix="")
