@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import urllib3
 from etcd3gw import exceptions as etcd_errors
 from etcd3gw.client import Etcd3Client
 
@@ -153,7 +154,7 @@ class Wire:
         deadline."""
         first = self.preferred
         count = len(self.endpoints)
-        last_error: BaseException | None = None
+        last_error: etcd_errors.Etcd3Exception | None = None
         for step in range(count):
             index = (first + step) % count
             left = deadline - time.monotonic()
@@ -164,8 +165,18 @@ class Wire:
             try:
                 reply: Json = client.post(client.get_url(path), json=body)
             except etcd_errors.ConnectionFailedError as exc:
-                last_error = exc  # refused or unavailable: nothing applied, the next endpoint
-                continue
+                if _not_sent(exc):
+                    last_error = exc  # refused: nothing was sent, the next endpoint
+                    continue
+                # A 503 ("etcdserver: request timed out" after a leader change: a write through
+                # a follower waits 7 s, then says nothing of whether it landed) or a connection
+                # lost after sending: the call may have been applied, as after a timeout.
+                self._prefer((index + 1) % count)
+                raise StoreTimeoutError(
+                    f"etcd at {self.endpoint(index)} failed the call ({_said(exc)}); it may "
+                    f"have been applied, and the next call goes to another endpoint of "
+                    f"{self.what}.{_hint(_said(exc))}"
+                ) from exc
             except etcd_errors.ConnectionTimeoutError as exc:
                 self._prefer((index + 1) % count)
                 raise StoreTimeoutError(
@@ -185,13 +196,30 @@ class Wire:
         if last_error is None:
             raise StoreTimeoutError(f"{self.what} was not called: the call's time ran out")
         raise StoreError(
-            f"No endpoint of {self.what} answered ({last_error}): check that the etcd members "
-            f"are running and reachable, and the store's `endpoints` option."
+            f"No endpoint of {self.what} accepted a connection ({_said(last_error)}): check "
+            f"that the etcd members are running and reachable, and the store's `endpoints`."
         ) from last_error
 
     def _prefer(self, index: int) -> None:
         with self._lock:
             self.preferred = index
+
+
+def _not_sent(exc: BaseException) -> bool:
+    """Whether the connection could not be made at all (nothing reached etcd): etcd3gw raises
+    ``ConnectionFailedError`` for that, for a connection lost later and for an HTTP 503."""
+    cause = exc.__context__
+    while cause is not None:
+        if isinstance(cause, urllib3.exceptions.NewConnectionError):
+            return True
+        cause = cause.__context__ or getattr(cause, "reason", None) or cause.__cause__
+        if isinstance(cause, urllib3.exceptions.MaxRetryError):
+            cause = cause.reason
+    return "Failed to establish a new connection" in str(exc)
+
+
+def _said(exc: etcd_errors.Etcd3Exception) -> str:
+    return " ".join(str(part) for part in (exc.detail_text, *exc.args[1:]) if part).strip()
 
 
 def _hint(text: str) -> str:
