@@ -39,6 +39,7 @@ class Renewals(Calls):
             and own.lease == granted.id
         ]
         if fast:
+            watch.ensure()  # a watch thread that died is started again (it resumes: no gap)
             reply = self._txn(
                 {
                     "compare": [],
