@@ -131,7 +131,7 @@ def test_every_store_we_ship_has_a_contract_class() -> None:
         for node in ast.walk(method)
         if isinstance(node, ast.Call)
     }
-    assert shipped == {"DatabaseStore", "InMemoryStore", "RedisStore"}
+    assert shipped == {"DatabaseStore", "EtcdStore", "InMemoryStore", "RedisStore"}
     assert shipped <= made, shipped - made
 
 
