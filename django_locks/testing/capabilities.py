@@ -122,10 +122,10 @@ class OptionalCapabilityCases(ContractHarness):
 
     def test_renew_many_renews_each_owned_live_lease_and_nothing_else(self) -> None:
         mine, other, gone = new_owner(), new_owner(), new_owner()
+        self.store.acquire(self.key("gone"), gone, self.short_ttl_ms)
+        self.wait_until_expired(self.key("gone"), gone)  # before "mine", of the same ttl, is taken
         self.store.acquire(self.key("mine"), mine, self.short_ttl_ms)
         self.store.acquire(self.key("other"), other, 60_000)
-        self.store.acquire(self.key("gone"), gone, self.short_ttl_ms)
-        self.wait_until_expired(self.key("gone"), gone)
         leases = [
             (self.key("mine"), mine, 60_000),
             (self.key("other"), mine, 60_000),  # another owner's lease
@@ -135,7 +135,7 @@ class OptionalCapabilityCases(ContractHarness):
         results = self.optional(lambda: self.store.renew_many(leases))
         self.assertEqual(results, [True, False, False, False])
         self.assertEqual(self.store.renew_many([]), [])
-        time.sleep(self.short_ttl_ms / 1000 * 2)  # "mine" outlives its first ttl
+        time.sleep(2 * self.short_lease_life())  # "mine" outlives its first ttl
         self.assertIsNone(self.store.acquire(self.key("mine"), new_owner(), 60_000))
         self.assertIsNotNone(self.store.acquire(self.key("gone"), new_owner(), 60_000))
 

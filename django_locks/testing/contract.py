@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 from django_locks.durations import MAX_DURATION_MS
 from django_locks.stores.base import LockStore
 from django_locks.testing.capabilities import OptionalCapabilityCases
-from django_locks.testing.harness import POLL_LIMIT, WEEK_MS, new_owner
+from django_locks.testing.harness import WEEK_MS, new_owner
 from django_locks.testing.holder_cases import HolderCases
 from django_locks.testing.permit_cases import PermitCases
 from django_locks.testing.preempt_cases import PreemptCases
@@ -50,7 +50,14 @@ class LockStoreContract(OptionalCapabilityCases, PreemptCases, TickCases, Holder
     rounds: ClassVar[int] = 5
     """How many times each race is run."""
     short_ttl_ms: ClassVar[int] = 200
-    """The ttl of leases that must expire during a test."""
+    """The ttl of leases that must expire during a test: at least the store's shortest ttl,
+    where it rounds shorter ones up to a minimum (etcd's cluster minimum lease ttl)."""
+    ttl_granularity_ms: ClassVar[int] = 1
+    """The step the store keeps ttls in, rounding a ttl up to a multiple of it, never down:
+    1 for milliseconds, 1000 for a store keeping whole seconds (etcd). The cases wait for
+    ``short_ttl_ms`` so rounded (or the store's ``effective_ttl_ms`` of it, when longer), plus
+    ``POLL_LIMIT``, before a short lease counts as never expired, and sleep past it before they
+    check that a renewed lease outlived it."""
 
     __test__ = False  # this base class has no store: only subclasses are collected
 
@@ -89,7 +96,7 @@ class LockStoreContract(OptionalCapabilityCases, PreemptCases, TickCases, Holder
         again = self.store.acquire(self.key(), owner, 60_000)
         self.assertEqual(first, again, "a retry by the same owner must return the same token")
         # The retry extended the lease to its own ttl: it outlives the first ttl.
-        time.sleep(self.short_ttl_ms / 1000 * 2)
+        time.sleep(2 * self.short_lease_life())
         self.assertIsNone(self.store.acquire(self.key(), new_owner(), 30_000))
         self.assertTrue(self.store.renew(self.key(), owner, 30_000))
 
@@ -103,7 +110,7 @@ class LockStoreContract(OptionalCapabilityCases, PreemptCases, TickCases, Holder
         owner = new_owner()
         self.store.acquire(self.key(), owner, self.short_ttl_ms)
         self.assertTrue(self.store.renew(self.key(), owner, 60_000))
-        time.sleep(self.short_ttl_ms / 1000 * 2)
+        time.sleep(2 * self.short_lease_life())
         self.assertIsNone(self.store.acquire(self.key(), new_owner(), 30_000))
         self.assertTrue(self.store.renew(self.key(), owner, 30_000))
 
@@ -151,7 +158,7 @@ class LockStoreContract(OptionalCapabilityCases, PreemptCases, TickCases, Holder
     def test_an_expired_lease_frees_the_key_with_a_greater_token(self) -> None:
         owner = new_owner()
         first = self.store.acquire(self.key(), owner, self.short_ttl_ms)
-        deadline = time.monotonic() + POLL_LIMIT
+        deadline = self.expiry_deadline()
         second = None
         while second is None:
             self.assertLess(time.monotonic(), deadline, "the lease never expired")
@@ -200,7 +207,7 @@ class LockStoreContract(OptionalCapabilityCases, PreemptCases, TickCases, Holder
         owner = new_owner()
         token = self.store.acquire(self.key(), owner, 1)
         self.assertIsNotNone(token)
-        deadline = time.monotonic() + POLL_LIMIT
+        deadline = self.expiry_deadline()  # a store may round 1 ms up, to short_ttl_ms at most
         while (other := self.store.acquire(self.key(), new_owner(), 1)) is None:
             self.assertLess(time.monotonic(), deadline, "a 1 ms lease never expired")
             time.sleep(0.005)

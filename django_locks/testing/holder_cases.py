@@ -12,7 +12,7 @@ import time
 
 from django_locks.holders import Holder
 from django_locks.stores.base import LeaseInfo
-from django_locks.testing.harness import POLL_LIMIT, ContractHarness, new_owner
+from django_locks.testing.harness import ContractHarness, new_owner
 
 WORKER = Holder(host="web-2", pid=4121, kind="worker", detail="9f1c2b7e-task-id")
 
@@ -38,7 +38,7 @@ class HolderCases(ContractHarness):
 
     def ended_by_expiry(self, key: str) -> LeaseInfo:
         """The listing of ``key`` once its lease expired on the store's clock."""
-        deadline = time.monotonic() + POLL_LIMIT
+        deadline = self.expiry_deadline()
         while (info := self.listed(key)).state == "held":
             self.assertLess(time.monotonic(), deadline, f"{key!r} never expired")
             time.sleep(0.02)
