@@ -203,6 +203,18 @@ class LockStoreContract(OptionalCapabilityCases, PreemptCases, TickCases, Holder
         self.assertTrue(self.store.renew(self.key(), owner, 4 * WEEK_MS))
         self.assertTrue(self.store.release(self.key(), owner))
 
+    def test_the_effective_ttl_is_never_shorter_than_the_ttl_asked_for(self) -> None:
+        # What renewals and the holder's deadline use (LockStore.effective_ttl_ms): rounded up
+        # where the store rounds, never down, the same for the same ttl.
+        for ttl_ms in (1, 999, 1000, 1001, self.short_ttl_ms, 60_000, WEEK_MS):
+            owner = new_owner()
+            self.assertIsNotNone(self.store.acquire(self.key(f"e{ttl_ms}"), owner, ttl_ms))
+            effective = self.store.effective_ttl_ms(ttl_ms)
+            self.assertIs(type(effective), int)
+            self.assertGreaterEqual(effective, ttl_ms)
+            self.assertEqual(self.store.effective_ttl_ms(ttl_ms), effective)
+            self.store.release(self.key(f"e{ttl_ms}"), owner)  # a 1 ms lease may be gone
+
     def test_the_shortest_ttl_1_ms(self) -> None:
         owner = new_owner()
         token = self.store.acquire(self.key(), owner, 1)
