@@ -127,6 +127,10 @@ class Record:
         now = datetime.datetime.now(datetime.UTC)
         expires_at = None if expires_in is None else now + expires_in
         holder = self.holder(expires_at)
+        since = self.since()
+        if last_renewed is not None and since is not None:
+            # Worked out from etcd's whole seconds left: up to 1 s early, never before taken.
+            last_renewed = max(last_renewed, since)
         return LeaseInfo(
             key=self.key,
             state="held",
