@@ -4,6 +4,7 @@
     python -m tests.faults --scenario permits --store redis --duration 60 --seed 1
     python -m tests.faults --scenario replace --store postgres --duration 60 --seed 1
     python -m tests.faults --scenario holder_pause --store sqlite --duration 120 --seed 1
+    python -m tests.faults --matrix --stores etcd --scenarios etcd_leader_kill --duration 120
     python -m tests.faults --matrix --duration 120 --runs 5 --out artifacts/faults
 
 Prints one summary line per run; exits 1 when any run found a violation (the Redis

@@ -37,8 +37,9 @@ tests/faults/atomic_checks.py's; the lateness and takeover figures tests/faults/
 
 Figures: lateness of ``deadline`` losses (loss instant minus deadline, leaving out processes that
 were stopped at their deadline), takeover after a holder crash (kill to the next holder's
-``ok`` or accepted write), and the canary's lost updates (unfenced, expected above zero whenever
-a fault really hit).
+``ok`` or accepted write; on etcd also minus P5's bound there, ``p5_excess``), the longest a key
+went without a valid holder between two of its holders (``gap_max``), and the canary's lost
+updates (unfenced, expected above zero whenever a fault really hit).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.faults.atomic_checks import ATOMIC_VIOLATIONS, atomic_summary, check_atomic
-from tests.faults.figures import CRASHES, lateness, takeover
+from tests.faults.figures import CRASHES, lateness, longest_gap, takeover
 from tests.faults.job_checks import JOB_VIOLATIONS, check_jobs, job_figures, job_summary
 
 BASE_VIOLATIONS = (
@@ -98,6 +99,9 @@ class Report:
     lost_by: Counter[str] = field(default_factory=Counter)
     lateness: list[float] = field(default_factory=list)
     takeover: list[float] = field(default_factory=list)
+    crashes: list[tuple[float, float]] = field(default_factory=list)  # (kill, its takeover)
+    p5_excess: list[float] = field(default_factory=list)  # etcd: takeover minus P5's bound
+    gap_max: float = 0.0  # seconds: the longest a key went without a valid holder in between
     canary_lost: int = 0
     refused_fenced: int = 0
     peak_holders: int = 0  # the most valid holders of one permits key at once
@@ -119,6 +123,9 @@ class Report:
             "lateness_max_ms": _ms(max(self.lateness, default=math.nan)),
             "takeover_p50_s": _round(percentile(self.takeover, 50)),
             "takeover_p99_s": _round(percentile(self.takeover, 99)),
+            "takeover_max_s": _round(max(self.takeover, default=math.nan)),
+            "p5_excess_max_s": _round(max(self.p5_excess, default=math.nan)),
+            "gap_max_s": _round(self.gap_max),
         }
 
     def summary(self, label: str = "") -> str:
@@ -134,8 +141,9 @@ class Report:
             f"lost={lost} lateness_ms p50={f['lateness_p50_ms']} p99={f['lateness_p99_ms']} "
             f"max={f['lateness_max_ms']} (n={len(self.lateness)}) | takeover_s "
             f"p50={f['takeover_p50_s']} p99={f['takeover_p99_s']} (n={len(self.takeover)}) | "
-            f"canary_lost_updates={self.canary_lost}"
+            f"canary_lost_updates={self.canary_lost} | gap_max_s={f['gap_max_s']}"
             + (f" | peak_holders={self.peak_holders}" if self.peak_holders else "")
+            + (f" | p5_excess_max_s={f['p5_excess_max_s']}" if self.p5_excess else "")
             + (f" | {atomic_summary(self)}" if self.atomic else "")
             + (f" | {job_summary(self)}" if self.jobs_run else "")
         )
@@ -218,6 +226,7 @@ def check(events: list[dict[str, Any]]) -> Report:
     late = {(w.pid, w.key, w.token) for w in windows if w.empty}
     lateness(by_kind["lost"], by_kind["fault"], late, report)
     takeover(by_kind, report)
+    longest_gap(windows, report)
     check_atomic(by_kind, report)
     check_jobs(by_kind, report)
     return report

@@ -1,5 +1,6 @@
 """The checker's figures: how late ``deadline`` losses were announced (``lost_by`` counted on the
-way) and the takeover after a holder's crash (tests/faults/checker.py's ``Report``)."""
+way), the takeover after a holder's crash and, on etcd, how it compares with P5's bound there
+(tests/faults/checker.py's ``Report``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tests.faults.checker import Report
+    from tests.faults.checker import Report, Window
 
 PAUSES = {"holder_pause", "leader_pause"}
 CRASHES = {"holder_kill", "leader_kill"}
@@ -63,3 +64,39 @@ def takeover(by_kind: dict[str, list[dict[str, Any]]], report: Report) -> None:
         after = [t for t, pid in starts[slot] if t > fault["start"] and pid != fault["pid"]]
         if after:
             report.takeover.append(after[0] - fault["start"])
+            report.crashes.append((fault["start"], after[0] - fault["start"]))
+    p5_excess(by_kind, report)
+
+
+def p5_excess(by_kind: dict[str, list[dict[str, Any]]], report: Report) -> None:
+    """On etcd (the run's ``cluster`` event gives the ttl and the election timeout): each
+    takeover after a crash minus P5's bound there, "the effective ttl, plus the election
+    timeout when the leader changed". With a new leader elected between the crash and the
+    takeover (an etcd fault's ``elected``: when the nemesis saw it, a little after the fact),
+    the bound counts from that election, since the new leader restarts every lease at its full
+    TTL plus an election timeout; else from the crash. Above 0: later than P5 says."""
+    if not by_kind["cluster"]:
+        return
+    cluster = by_kind["cluster"][0]
+    ttl, election = float(cluster["ttl"]), float(cluster.get("election_s", 1.0))
+    elections = sorted(f["elected"] for f in by_kind["fault"] if f.get("elected") is not None)
+    for start, took in report.crashes:
+        changed = [t for t in elections if start < t < start + took]
+        bound = ttl + (changed[-1] - start + election if changed else 0.0)
+        report.p5_excess.append(took - bound)
+
+
+def longest_gap(windows: list[Window], report: Report) -> None:
+    """The longest time a key (a permit's slot) went without a valid holder between two of its
+    holders: a crash's takeover, or, much longer, a key nobody could take although it was not
+    held (on etcd, a key left on a lease its process goes on renewing)."""
+    per_slot: dict[str, list[Window]] = defaultdict(list)
+    for window in windows:
+        if not window.empty:
+            per_slot[window.slot].append(window)
+    for held in per_slot.values():
+        held.sort(key=lambda w: w.start)
+        until = held[0].end
+        for window in held[1:]:
+            report.gap_max = max(report.gap_max, window.start - until)
+            until = max(until, window.end)

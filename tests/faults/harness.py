@@ -23,10 +23,21 @@ from typing import Any
 
 from tests.children.env import child_env
 from tests.faults.checker import Report, check, read_history
-from tests.faults.nemesis import LEADER_KEY, Nemesis, Tracker
+from tests.faults.etcd_faults import (
+    ELECTION_S,
+    ETCD_GENERIC,
+    ETCD_SCENARIOS,
+    ETCD_TTL,
+    EtcdFaults,
+    etcd_routes,
+    etcd_spec,
+    start_etcd,
+)
+from tests.faults.nemesis import LEADER_KEY, Tracker
 from tests.faults.proxy import Proxy
 from tests.faults.servers import ROOT, Servers, start_redis
 from tests.faults.worker import History
+from tests.servers.etcd import EtcdCluster
 
 LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
 
@@ -51,19 +62,26 @@ SCENARIOS: dict[str, str] = {
     "them); holders paused, killed, their connections hung or a stale request written, in turn",
     "max_hold": "4 workers on one key with max_hold=1.5s: jobs that hang past their lease or work "
     "until the signal aborts",
+    **ETCD_SCENARIOS,
 }
-STORES = ("postgres", "redis", "sqlite")
+STORES = ("postgres", "redis", "sqlite", "etcd")
 SQLITE_SCENARIOS = ("baseline", "holder_pause", "request_pause", "holder_kill")
 """Where the SQLite store applies: no server to pause, restart or cut off (a file on this
 machine); not ``delayed_write`` (an atomic block held open 1.5 to 3 ttl stops every writer of the
 file: what the docs tell users not to do), nor ``wallclock`` (SQLite's "now" is each process's
 wall clock)."""
 ONLY: dict[str, tuple[str, ...]] = {
+    **{name: ("postgres", "redis") for name in SCENARIOS if name not in SQLITE_SCENARIOS},
+    **{name: ("postgres", "redis", "sqlite") for name in SQLITE_SCENARIOS},
+    # After the comprehensions, which would otherwise override them (before 2026-12-03 they did:
+    # the matrix ran these two on both stores).
     "store_restart_everysec": ("redis",),
     "atomic_pgbouncer": ("postgres",),
-    **{name: ("postgres", "redis") for name in SCENARIOS if name not in SQLITE_SCENARIOS},
+    **{name: ("etcd",) for name in ETCD_SCENARIOS},
 }
-"""The stores each scenario runs on, when not every store."""
+for _name in ETCD_GENERIC:
+    ONLY[_name] += ("etcd",)
+"""The stores each scenario runs on."""
 ATOMIC_CANARY = {"postgres": 1.0, "sqlite": 0.5}
 """The share of rounds with the atomic canary, on the stores where ``lock.atomic()`` applies
 (tests/faults/atomic_canary.py). On SQLite half: a holder paused inside its block stops every
@@ -75,17 +93,26 @@ SQLITE_SECTION = 0.25
 """On SQLite, critical sections (and so atomic blocks) last up to this many ttl: "well under
 ttl/3", as the docs ask of blocks that hold the file's write lock."""
 CI_SCENARIOS = ("baseline", "holder_pause", "hung_connection", "delayed_write")
+CI_ETCD_SCENARIOS = ("etcd_leader_kill", "etcd_hung_route")
 
 
 def stores_of(scenario: str) -> tuple[str, ...]:
     return ONLY.get(scenario, STORES)
 
 
-LONG_SECTIONS = {"hung_connection": 3, "store_pause": 3, "permits": 2, "replace": 2}
-"""A critical section of at most 2 s ends before the deadline of a 2 s lease (1.98 s after the
+LONG_SECTIONS = {
+    "hung_connection": 3,
+    "store_pause": 3,
+    "permits": 2,
+    "replace": 2,
+    **{name: 3 for name in ETCD_SCENARIOS},
+}
+"""A critical section of at most a ttl ends before the deadline of its lease (0.99 ttl after the
 last renewal sent), so a store that stops answering would never cost a lock: under these faults
 sections last up to this many ttl, so that the loss, and how late it is announced, is
 measured."""
+TTL = {"etcd": ETCD_TTL}
+"""The run's ttl by store, when not 2 s (tests/faults/etcd_faults.py says why 3 s on etcd)."""
 DEFAULTS: dict[str, Any] = {"workers": 6, "keys": 3, "permits": 1, "interval": 10.0}
 OWN_DEFAULTS: dict[str, dict[str, Any]] = {
     # One key, so that all 8 workers contend for its 3 permits; a fault every ~7 s, so that each
@@ -109,8 +136,8 @@ class RunConfig:
     workers: int = 0  # 0: the scenario's (DEFAULTS, OWN_DEFAULTS), as for the next three
     keys: int = 0
     permits: int = 0  # 1: plain locks
-    ttl: float = 2.0
-    cs_max: float | None = None  # seconds; 2, or LONG_SECTIONS' ttl multiple
+    ttl: float = 0.0  # seconds; 0: the store's (TTL), else 2
+    cs_max: float | None = None  # seconds; a ttl, or LONG_SECTIONS' ttl multiple
     interval: float = 0.0
     max_hold: float = 0.0  # seconds; 0: none (the max_hold scenario's own)
     out: Path | None = None
@@ -126,10 +153,13 @@ class RunConfig:
         for name, value in (DEFAULTS | OWN_DEFAULTS.get(self.scenario, {})).items():
             if not getattr(self, name):
                 setattr(self, name, value)
+        if not self.ttl:
+            self.ttl = TTL.get(self.store, 2.0)
         if self.cs_max is None and self.store == "sqlite":
             self.cs_max = SQLITE_SECTION * self.ttl
         if self.cs_max is None:
-            self.cs_max = LONG_SECTIONS.get(self.scenario, 0) * self.ttl or 2.0
+            # A ttl: 2 s on the stores whose ttl is 2 s, as before the ttl depended on the store.
+            self.cs_max = LONG_SECTIONS.get(self.scenario, 0) * self.ttl or self.ttl
 
     @property
     def atomic_share(self) -> float:
@@ -139,7 +169,7 @@ class RunConfig:
         return ATOMIC_CANARY.get(self.store, 0.0)
 
 
-class Run(Nemesis):
+class Run(EtcdFaults):
     def __init__(self, config: RunConfig, servers: Servers) -> None:
         self.config = config
         self.servers = servers
@@ -152,10 +182,11 @@ class Run(Nemesis):
         self.record = History(str(self.out / "nemesis.jsonl"), "nemesis")
         self.tracker = Tracker()
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
-        self.routes: dict[int, int] = {}  # pid -> proxy route
+        self.routes: dict[int, list[int]] = {}  # pid -> its proxy routes (one per etcd member)
         self.faketime: dict[int, Path] = {}
         self.stopped: set[int] = set()
         self.redis: Any = None
+        self.etcd: EtcdCluster | None = None
         self.proxy: Proxy | None = None
         self.stop = threading.Event()
         self.stop_at = 0.0
@@ -164,12 +195,14 @@ class Run(Nemesis):
 
     # Setting up.
 
-    def store_spec(self, route: int | None) -> tuple[dict[str, Any], int | None]:
+    def store_spec(self, routes: list[int]) -> tuple[dict[str, Any], int | None]:
         """The worker's store, and the port its ``store`` database alias connects to."""
         port: int | None = None
-        if route is not None:
+        if routes:
             assert self.proxy is not None
-            port = self.proxy.port(route)
+            port = self.proxy.port(routes[0])
+        if self.config.store == "etcd":
+            return etcd_spec(self.cluster, self.proxy, routes), None
         if self.config.store == "redis":
             assert self.redis is not None
             return {"kind": "redis", "url": f"redis://127.0.0.1:{port or self.redis.port}/0"}, None
@@ -184,14 +217,16 @@ class Run(Nemesis):
     def spawn_worker(self) -> int:
         index = self.spawned
         self.spawned += 1
-        route = None
-        if self.proxy is not None:
+        routes: list[int] = []
+        if self.proxy is not None and self.config.store == "etcd":
+            routes = etcd_routes(self.cluster, self.proxy)
+        elif self.proxy is not None:
             assert self.servers.postgres is not None
             upstream = (
                 self.redis.port if self.config.store == "redis" else self.servers.postgres.port
             )
-            route = self.proxy.add_route(("127.0.0.1", upstream))
-        spec, port = self.store_spec(route)
+            routes = [self.proxy.add_route(("127.0.0.1", upstream))]
+        spec, port = self.store_spec(routes)
         history = self.out / f"worker-{index}.jsonl"
         worker = {
             "name": f"w{index}",
@@ -229,8 +264,8 @@ class Run(Nemesis):
             )
         self.procs[proc.pid] = proc
         self.tracker.follow(proc.pid, history)
-        if route is not None:
-            self.routes[proc.pid] = route
+        if routes:
+            self.routes[proc.pid] = routes
         if self.config.scenario == "wallclock":
             self.faketime[proc.pid] = self.out / f"faketime-{index}.rc"
         return proc.pid
@@ -282,7 +317,12 @@ class Run(Nemesis):
         if config.store == "redis":
             fsync = "everysec" if config.scenario == "store_restart_everysec" else "always"
             self.redis = start_redis(fsync)
-        if config.scenario in ("hung_connection", "permits", "replace"):
+        if config.store == "etcd":
+            self.etcd = start_etcd()
+            # For the checker: P5's bound on etcd (tests/faults/figures.py).
+            endpoints = self.etcd.endpoints
+            self.record("cluster", endpoints=endpoints, ttl=config.ttl, election_s=ELECTION_S)
+        if config.scenario in ("hung_connection", "permits", "replace", "etcd_hung_route"):
             self.proxy = Proxy().start()
         warmup = 3.0
         self.stop_at = time.monotonic() + warmup + config.duration
@@ -328,6 +368,8 @@ class Run(Nemesis):
             self.proxy.stop()
         if self.redis is not None:
             self.redis.destroy()
+        if self.etcd is not None:
+            self.etcd.destroy()
 
     def finish(self) -> Report:
         kinds = {"f": "fenced", "c": "canary", "a": "atomic"}

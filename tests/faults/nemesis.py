@@ -101,7 +101,7 @@ class Nemesis:
     record: History
     tracker: Tracker
     procs: dict[int, subprocess.Popen[bytes]]
-    routes: dict[int, int]
+    routes: dict[int, list[int]]  # pid -> its proxy routes (several: one per etcd member)
     faketime: dict[int, Path]
     stopped: set[int]
     redis: Any
@@ -213,25 +213,24 @@ class Nemesis:
                 "fault", kind="delayed_write", pid=pid, key=key, token=token, start=now, end=now
             )
 
-    def fault_hung_connection(self) -> None:
+    def fault_hung_connection(self, kind: str = "hung_connection") -> None:
         holder = self.pick_holder()
         if holder is None or self.proxy is None:
             return
         pid, key, token = holder
-        route = self.routes[pid]
         start = time.monotonic()
-        self.proxy.hang(route)
+        self.hang(pid, True)
         self.stop.wait(self.duration())
-        self.proxy.resume(route)
+        self.hang(pid, False)
         self.record(
-            "fault",
-            kind="hung_connection",
-            pid=pid,
-            key=key,
-            token=token,
-            start=start,
-            end=time.monotonic(),
+            "fault", kind=kind, pid=pid, key=key, token=token, start=start, end=time.monotonic()
         )
+
+    def hang(self, pid: int, hung: bool) -> None:
+        """Hang (or resume) every proxy route of the worker ``pid``."""
+        assert self.proxy is not None
+        for route in self.routes[pid]:
+            self.proxy.hang(route) if hung else self.proxy.resume(route)
 
     def fault_store_pause(self) -> None:
         start = time.monotonic()
@@ -329,16 +328,14 @@ class Nemesis:
                 os.kill(pid, signal.SIGSTOP)
                 self.stopped.add(pid)
             else:
-                assert self.proxy is not None
-                self.proxy.hang(self.routes[pid])
+                self.hang(pid, True)
         self.stop.wait(self.duration())
         for pid, _, _ in holders:
             if kind == "holder_pause":
                 os.kill(pid, signal.SIGCONT)
                 self.stopped.discard(pid)
             else:
-                assert self.proxy is not None
-                self.proxy.resume(self.routes[pid])
+                self.hang(pid, False)
         end = time.monotonic()
         for pid, key, token in holders:
             self.record("fault", kind=kind, pid=pid, key=key, token=token, start=start, end=end)

@@ -121,9 +121,14 @@ def _shown(result: object) -> object:
 
 def build_store(spec: dict[str, Any], record: Callable[..., None]) -> Delaying:
     """From ``{"kind": "redis", "url": ...}``, ``{"kind": "postgres", "using": ..., "listen":
-    ...}`` or ``{"kind": "sqlite", "using": ...}`` (no release notices on SQLite)."""
+    ...}``, ``{"kind": "sqlite", "using": ...}`` (no release notices on SQLite) or ``{"kind":
+    "etcd", "endpoints": [...]}``."""
     cls: type[LockStore]
-    if spec["kind"] == "redis":
+    if spec["kind"] == "etcd":
+        from django_locks.stores.etcd import EtcdStore
+
+        cls, args = EtcdStore, {"endpoints": spec["endpoints"], "timeout": 5}
+    elif spec["kind"] == "redis":
         from django_locks.stores import RedisStore
 
         cls, args = RedisStore, {"url": spec["url"], "socket_timeout": 5}

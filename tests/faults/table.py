@@ -1,8 +1,9 @@
-"""``python -m tests.faults.table [--recheck] [--jobs | --atomic] MATRIX.json|report.json...``: the
-matrix results as the docs' RST table (``--recheck``: each run's saved histories checked again by
-the current checker; ``--jobs``: the replace and max_hold scenarios' own counts and figures;
-``--atomic``: both canaries' lost updates, how the atomic canary's blocks ended and the store
-acquire calls' times).
+"""``python -m tests.faults.table [--recheck] [--jobs | --atomic | --etcd] MATRIX.json|report.json
+...``: the matrix results as the docs' RST table (``--recheck``: each run's saved histories checked
+again by the current checker; ``--jobs``: the replace and max_hold scenarios' own counts and
+figures; ``--atomic``: both canaries' lost updates, how the atomic canary's blocks ended and the
+store acquire calls' times; ``--etcd``: the figures issue 28 asks of the etcd store, each violation
+the issue names in a column of its own, the takeover against P5's bound on etcd).
 
 One row per scenario and store: the runs' operations, faults and counts summed; the lateness and
 takeover figures (and the jobs' figures) as the worst run's (each run's percentiles are over its
@@ -127,6 +128,46 @@ def atomic_row(scenario: str, store: str, runs: list[dict[str, Any]]) -> list[st
     ]
 
 
+ETCD_COLUMNS = [
+    "scenario",
+    "runs",
+    "ops",
+    "faults",
+    "overlaps",
+    "duplicate / decreasing tokens",
+    "stale fenced writes",
+    "other violations",
+    "locks lost",
+    "fenced writes refused",
+    "lateness ms: worst p50 / p99 / max",
+    "takeover s: worst p50 / p99 / max",
+    "takeover minus P5's bound, s: worst",
+    "longest a key went untaken, s: worst",
+]
+
+
+def etcd_row(scenario: str, store: str, runs: list[dict[str, Any]]) -> list[str]:
+    def total(*names: str) -> int:
+        return sum(run["violations"].get(name, 0) for run in runs for name in names)
+
+    base = row(scenario, store, runs)
+    named = ("overlap", "duplicate_token", "token_order", "stale_write")
+    other = sum(sum(run["violations"].values()) for run in runs) - total(*named)
+    return [
+        base[0],
+        *base[2:5],
+        str(total("overlap")),
+        f"{total('duplicate_token')} / {total('token_order')}",
+        str(total("stale_write")),
+        str(other),
+        *base[6:8],
+        base[9],
+        figures([worst(runs, f"takeover_{q}_s") for q in ("p50", "p99", "max")]),
+        figures([worst(runs, "p5_excess_max_s")]),
+        figures([worst(runs, "gap_max_s")]),
+    ]
+
+
 def rst(rows: list[list[str]]) -> str:
     lines = [".. list-table::", "   :header-rows: 1", ""]
     for cells in rows:
@@ -135,9 +176,11 @@ def rst(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def table(results: list[dict[str, Any]], jobs: bool = False, atomic: bool = False) -> str:
+def table(
+    results: list[dict[str, Any]], jobs: bool = False, atomic: bool = False, etcd: bool = False
+) -> str:
     """The RST table of ``results``; with ``jobs``, one table per jobs scenario found; with
-    ``atomic``, the atomic canary's."""
+    ``atomic``, the atomic canary's; with ``etcd``, the etcd runs' (issue 28's figures)."""
     grouped: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for result in results:
         grouped[result["scenario"], result["store"]].append(result)
@@ -145,6 +188,9 @@ def table(results: list[dict[str, Any]], jobs: bool = False, atomic: bool = Fals
     keys = sorted(grouped, key=lambda k: (order.index(k[0]), k[1]))
     if atomic:
         return rst([ATOMIC_COLUMNS, *(atomic_row(s, st, grouped[s, st]) for s, st in keys)])
+    if etcd:
+        rows = [etcd_row(s, st, grouped[s, st]) for s, st in keys if st == "etcd"]
+        return rst([ETCD_COLUMNS, *rows])
     if not jobs:
         return rst([COLUMNS, *(row(s, store, grouped[s, store]) for s, store in keys)])
     tables = []
@@ -183,10 +229,11 @@ def rechecked(path: Path) -> list[dict[str, Any]]:
 
 
 def main(args: list[str]) -> int:
-    paths = [Path(arg) for arg in args if arg not in ("--recheck", "--jobs", "--atomic")]
+    flags = ("--recheck", "--jobs", "--atomic", "--etcd")
+    paths = [Path(arg) for arg in args if arg not in flags]
     load = rechecked if "--recheck" in args else loaded
     results = [result for path in paths for result in load(path)]
-    print(table(results, jobs="--jobs" in args, atomic="--atomic" in args))
+    print(table(results, jobs="--jobs" in args, atomic="--atomic" in args, etcd="--etcd" in args))
     return 0
 
 
