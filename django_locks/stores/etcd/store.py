@@ -19,6 +19,7 @@ from django_locks.stores.base import (
     LockStore,
     ReleaseReason,
     Renewed,
+    Slot,
     check_older_than,
     holder_name,
 )
@@ -26,12 +27,14 @@ from django_locks.stores.etcd import checks, records
 from django_locks.stores.etcd import wire as ops
 from django_locks.stores.etcd.calls import Process
 from django_locks.stores.etcd.listing import Listing
+from django_locks.stores.etcd.permits import Permits
 from django_locks.stores.etcd.records import Layout, Record
-from django_locks.stores.etcd.renewals import Renewals, names_token
+from django_locks.stores.etcd.renewals import names_token
+from django_locks.stores.etcd.ticks import Ticks
 from django_locks.stores.etcd.wire import LeaseNotFound
 
 
-class EtcdStore(Renewals, Listing, LockStore):
+class EtcdStore(Permits, Ticks, Listing, LockStore):
     """Leases in etcd: each lock a key whose ``create_revision`` is its fencing token, on an
     etcd lease this process keeps alive for every lock of the same ttl.
 
@@ -39,6 +42,10 @@ class EtcdStore(Renewals, Listing, LockStore):
     ``https://...`` URLs of the cluster's members), ``prefix`` (keys live under
     ``<prefix>/``), ``timeout`` (a duration: the default bound of a call). Built without I/O;
     connects on first use; safe from any thread and across ``fork()``.
+
+    Permits (``permits.py``) keep each slot on a key of its own, ``<key>#<n>``, and the key's
+    own record on the etcd lease of one of its live slots; tick records (``ticks.py``) live on
+    no lease.
     """
 
     describes_holders = True
@@ -183,6 +190,8 @@ class EtcdStore(Renewals, Listing, LockStore):
         return results
 
     def release(self, key: str, owner: str, *, timeout: float | None = None) -> bool:
+        if isinstance(key, Slot):  # the key's record follows (permits.py)
+            return self._release_slot(key, owner, self._deadline(timeout))
         names = self.layout.names(key)
         owned = ops.owned_by(names.lease, records.owner_prefix(owner))
         body = {"compare": owned, "success": [ops.delete(names.lease), ops.delete(names.preempt)]}
@@ -215,6 +224,8 @@ class EtcdStore(Renewals, Listing, LockStore):
             record = self._decoded(ops.kvs(reply["responses"][0]))
             if record is None:
                 return None
+            if record.owner == PERMITS_OWNER and record.base is None:
+                return self._preempt_slots(key, deadline)  # its oldest slot is asked
             body = {
                 "compare": [ops.created_at(names.lease, record.token)],
                 "success": [ops.put(names.preempt, str(record.token).encode())],
@@ -239,7 +250,7 @@ class EtcdStore(Renewals, Listing, LockStore):
     def leases(self, *, include_inactive: bool = False) -> list[LeaseInfo]:
         """Held leases (etcd keeps no ended ones): one range of the prefix per 1,000 keys, one
         ``timetolive`` per etcd lease found (its time left is each key's ``expires_in``)."""
-        found = list(self._range(self.layout.leases))
+        found = self._summaries(list(self._range(self.layout.leases)))
         left = self._time_left({record.lease for record in found})
         return sorted((record.info(*left.get(record.lease, (None, None))) for record in found),
                       key=lambda info: info.key)  # fmt: skip
@@ -252,6 +263,8 @@ class EtcdStore(Renewals, Listing, LockStore):
         record = self._decoded(ops.kvs(reply["responses"][0]))
         if record is None:
             return None
+        if record.owner == PERMITS_OWNER and record.base is None:
+            record = self._summary(record, deadline)  # a key's record: its slots' tokens
         return record.info(*self._time_left({record.lease}).get(record.lease, (None, None)))
 
     def prune(self, older_than_ms: int, *, dry_run: bool = False) -> int:
@@ -271,10 +284,9 @@ class EtcdStore(Renewals, Listing, LockStore):
         self._txn({"compare": [], "success": success}, deadline)
 
     def force_release(self, key: str) -> bool:
-        names = self.layout.names(key)
-        body = {"compare": [], "success": [ops.delete(names.lease), ops.delete(names.preempt)]}
-        reply = self._txn(body, self._deadline(None))
-        return int(reply["responses"][0]["response_delete_range"].get("deleted", 0)) > 0
+        """One Txn for a plain lease; a key held by permits, or a slot, as ``permits.py``
+        says (every slot and the record; a slot alone, its record following)."""
+        return self._force_release(key)
 
     def force_end(self, key: str, by: str) -> bool:
         """:meth:`force_release` (``by`` is not kept: etcd keeps no ended keys)."""

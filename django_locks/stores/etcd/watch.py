@@ -41,6 +41,7 @@ class Own:
     known_at: int
     lost: bool = False
     preempted: bool = False
+    permits: int | None = None  # a slot's: its key's permits value (what its record holds)
 
 
 class Watch:
@@ -83,12 +84,15 @@ class Watch:
         revision: int,
         *,
         preempted: bool = False,
+        permits: int | None = None,
     ) -> None:
         """Record ``lease_key`` as this process's, as read at ``revision`` (its lease and
         whether a preempt request names its token, both read then). Changes the watch delivers
         from revisions up to ``revision`` are older than this and ignored for it."""
         with self._cond:
-            self.own[lease_key] = Own(owner, token, lease, revision, preempted=preempted)
+            self.own[lease_key] = Own(
+                owner, token, lease, revision, preempted=preempted, permits=permits
+            )
         self.ensure()
 
     def drop(self, lease_key: bytes) -> None:
@@ -209,8 +213,11 @@ class Watch:
         name = base64.b64decode(kv["key"])
         deleted = event.get("type") == "DELETE"
         if name.startswith(self._leases):
-            if deleted and name in self._waiters:
-                self._woken[name] = self._woken.get(name, 0) + 1
+            # A slot's deletion (``l/K#<n>``) wakes the waiters of its key too (spurious
+            # wake-ups are allowed: a plain key named so wakes them as well).
+            for waited in (name, self._base_of(name)) if deleted else ():
+                if waited is not None and waited in self._waiters:
+                    self._woken[waited] = self._woken.get(waited, 0) + 1
             own = self.own.get(name)
             if own is not None and int(kv.get("mod_revision", 0)) > own.known_at:
                 if deleted or int(kv.get("create_revision", 0)) != own.token:
@@ -225,6 +232,13 @@ class Watch:
                 and base64.b64decode(kv.get("value", "")) == str(own.token).encode()
             ):
                 own.preempted = True
+
+    def _base_of(self, name: bytes) -> bytes | None:
+        """The lease key of the key whose slot ``name`` would be (``l/K`` of ``l/K#3``)."""
+        base, sep, permit = name.rpartition(b"#")
+        if sep and permit.isdigit() and len(base) > len(self._leases):
+            return base
+        return None
 
     def stop(self, *, wait: bool = True) -> None:
         """End the thread (``EtcdStore.close()``): the next use starts it again, from the next
