@@ -48,8 +48,11 @@ class Listing(Calls):
                 now = datetime.datetime.now(datetime.UTC)
                 ttl = max(int(reply.get("TTL", 0)), 0)
                 granted = max(int(reply.get("grantedTTL", 0)), ttl)
+                # etcd rounds the time left down: the last keepalive was less than a second
+                # before now - (granted - ttl) + 1 s, the figure shown (never past now).
+                run_down = max(granted - ttl - 1, 0)
                 left[lease_id] = (
                     datetime.timedelta(seconds=ttl),
-                    now - datetime.timedelta(seconds=granted - ttl),
+                    now - datetime.timedelta(seconds=run_down),
                 )
         return left

@@ -81,13 +81,15 @@ class Permits(PermitEnds):
         the key's record is put or moved in the same Txn. Every lost race costs one more round
         trip (some other caller's write won it); after ``LOST_RACES`` of them: ``None``.
         """
+        since = time.monotonic()
         deadline = self._deadline(timeout)
         name = self.layout.names(key).lease
         start, _ = pops.slot_range(self.layout, key)
         step = _Step(key, owner, permits, holder, _now_ms(), deadline)
         step.ttl_ms = self._process.get().leases.effective_ms(ttl_ms)
         read: Read | None = None
-        granted = self._shared(ttl_ms, deadline)
+        # Kept alive first: a slot lives its whole ttl from now, not what the lease had left.
+        granted = self._kept_alive(ttl_ms, deadline, since)
         for _ in range(LOST_RACES + 2):  # the first Txn (a read), and LOST_RACES + 1 tries
             own: Seen | None = None
             if read is None:
@@ -106,7 +108,7 @@ class Permits(PermitEnds):
                 reply = self._txn(body, deadline)
             except LeaseNotFound:  # the shared lease expired: another, and the same step again
                 self._process.get().leases.forget(granted)
-                granted = self._shared(ttl_ms, deadline)
+                granted = self._kept_alive(ttl_ms, deadline, since)
                 continue
             revision = int(reply["header"]["revision"])
             responses = reply["responses"]
