@@ -18,9 +18,11 @@ through the client's session and URL. A compaction past the next revision starts
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import json
 import logging
+import socket
 import threading
 import time
 from typing import Any
@@ -247,6 +249,12 @@ class Watch:
             self._stopped = True
             response, thread = self._response, self._thread
         if response is not None:
+            # Shut the socket down first (as etcd3gw's Watcher.stop does): close() alone waits
+            # for the reading thread's read, up to the read timeout.
+            with contextlib.suppress(Exception):
+                sock = socket.fromfd(response.raw._fp.fileno(), socket.AF_INET, socket.SOCK_STREAM)
+                sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
             response.close()
         if wait and thread is not None and thread is not threading.current_thread():
             thread.join(timeout=1)
