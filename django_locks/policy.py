@@ -174,7 +174,9 @@ class RenewalPolicy:
 
     def etcd_watch_retry(self, failures: int) -> float:
         """The wait before the etcd watch is made again, after ``failures`` in a row."""
-        return self.backoff(max(failures - 1, 0), cap=self.etcd_watch_cap, first=self.etcd_watch_first)
+        return self.backoff(
+            max(failures - 1, 0), cap=self.etcd_watch_cap, first=self.etcd_watch_first
+        )
 
     def head_start(self) -> float:
         """Seconds a Redis wait for a release notice that ran out waits more (above)."""
