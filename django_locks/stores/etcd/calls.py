@@ -44,16 +44,15 @@ class Calls:
     def _shared(self, ttl_ms: int, deadline: float) -> Granted:
         return self._process.get().leases.shared(ttl_ms, deadline)
 
-    def _kept_alive(self, ttl_ms: int, deadline: float, since: float) -> Granted:
-        """The shared lease for ``ttl_ms``, kept alive (or granted) at or after ``since`` (the
-        ``time.monotonic()`` an acquire began): a key put on it then lives at least its ttl
-        from the holder's send time. Without this, a key inherits whatever the lease has left
-        since its last keepalive and can expire before its holder's deadline."""
-        leases = self._process.get().leases
-        granted = leases.shared(ttl_ms, deadline)
-        if granted.kept_at < since and not leases.keepalive(granted, deadline):
-            granted = leases.shared(ttl_ms, deadline)  # it had expired: a new one
-        return granted
+    def _outlives(self, granted: Granted, since: float, deadline: float) -> bool:
+        """After a key was put on the shared lease ``granted`` by a call that began at
+        ``since``: keep the lease alive unless this process did since then, so that the key
+        lives its whole ttl from the holder's send time, not what the lease had left. ``False``
+        when the lease had expired meanwhile (the key went with it: not acquired). Only after a
+        success: a failed acquire must not extend the process's other keys on that lease."""
+        if granted.kept_at >= since:
+            return True
+        return self._process.get().leases.keepalive(granted, deadline)
 
     def _decoded(self, kvs: list[Json]) -> Record | None:
         return records.decode(self.layout, kvs[0]) if kvs else None

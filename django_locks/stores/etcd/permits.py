@@ -88,8 +88,7 @@ class Permits(PermitEnds):
         step = _Step(key, owner, permits, holder, _now_ms(), deadline)
         step.ttl_ms = self._process.get().leases.effective_ms(ttl_ms)
         read: Read | None = None
-        # Kept alive first: a slot lives its whole ttl from now, not what the lease had left.
-        granted = self._kept_alive(ttl_ms, deadline, since)
+        granted = self._shared(ttl_ms, deadline)
         for _ in range(LOST_RACES + 2):  # the first Txn (a read), and LOST_RACES + 1 tries
             own: Seen | None = None
             if read is None:
@@ -108,7 +107,7 @@ class Permits(PermitEnds):
                 reply = self._txn(body, deadline)
             except LeaseNotFound:  # the shared lease expired: another, and the same step again
                 self._process.get().leases.forget(granted)
-                granted = self._kept_alive(ttl_ms, deadline, since)
+                granted = self._shared(ttl_ms, deadline)
                 continue
             revision = int(reply["header"]["revision"])
             responses = reply["responses"]
@@ -127,6 +126,9 @@ class Permits(PermitEnds):
                 preempted=preempted,
                 permits=permits,
             )
+            # Kept alive after the Txn: the slot lives its whole ttl, not what the lease had left.
+            if not self._outlives(granted, since, deadline):
+                return None
             return PermitGrant(token, permit)
         if read is not None:  # lost every race: full by now, or other callers were quicker
             plan = self._plan(key, owner, permits, read[0], read[1])

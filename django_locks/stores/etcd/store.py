@@ -99,14 +99,14 @@ class EtcdStore(Permits, Ticks, Listing, LockStore):
         self, key: str, owner: str, ttl_ms: int, holder: Holder, *, timeout: float | None = None
     ) -> int | Holder | None:
         """One Txn: created on the shared lease (its token the new ``create_revision``), or,
-        nested, re-put by the same owner (the same token), or the holder read. The shared lease
-        is kept alive first unless this process did so since the call began (one round trip
-        more), so that the key lives its whole ttl from now, not what the lease had left."""
+        nested, re-put by the same owner (the same token), or the holder read; when taken, the
+        shared lease is then kept alive unless this process did so since the call began (one
+        round trip more), so that the key lives its whole ttl, not what the lease had left."""
         since = time.monotonic()
         deadline = self._deadline(timeout)
         names = self.layout.names(key)
         for _ in range(2):
-            granted = self._kept_alive(ttl_ms, deadline, since)
+            granted = self._shared(ttl_ms, deadline)
             value = records.value(owner, holder, self.effective_ttl_ms(ttl_ms), _now_ms())
             body = {
                 "compare": [ops.absent(names.lease)],
@@ -152,6 +152,8 @@ class EtcdStore(Permits, Ticks, Listing, LockStore):
             preempted = names_token(ops.kvs(nested["responses"][1]), record.token)
         assert record is not None
         watch = self._process.get().watch
+        if not self._outlives(granted, since, deadline):
+            return None  # the shared lease expired right after the Txn: the key is gone
         watch.hold(names.lease, owner, record.token, granted.id, revision, preempted=preempted)
         return record.token
 
