@@ -208,6 +208,9 @@ class Placement:
         redis = self.servers.get("redis")
         if redis is not None and redis.process is not None:
             pids.append(redis.process.pid)
+        etcd = self.servers.get("etcd")  # an EtcdCluster: every member's process
+        if etcd is not None:
+            pids += [m.process.pid for m in etcd.members if m.process is not None]
         return pids
 
     def pin(self) -> None:

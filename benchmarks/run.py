@@ -12,7 +12,9 @@ PostgreSQL alone; ``--exporters`` the metrics exporters' cost per acquire + rele
 store (``benchmarks/permits.py``, issue 22; ``--store`` and ``--pinned`` apply); ``--atomic``
 a block of one UPDATE inside ``lock.atomic()`` against the same inside ``transaction.atomic()``
 on PostgreSQL and SQLite (``benchmarks/atomic.py``, issue 25; ``--store`` and ``--pinned``
-apply). Without ``--pinned``, the PostgreSQL
+apply); ``--etcd`` the etcd store on a three-member cluster of its own against two raw etcd
+transactions, its renewals counted and its handoff's wake-ups classed (``benchmarks/etcd.py``,
+issue 28; ``--pinned`` applies). Without ``--pinned``, the PostgreSQL
 16-thread throughput against a raw LISTEN/NOTIFY lease is measured both ways. Counts (round
 trips, store calls) are exact; times depend on the machine: read them as ratios measured side by
 side.
@@ -689,7 +691,16 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="measure lock.atomic() against transaction.atomic() instead (PostgreSQL, SQLite)",
     )
+    parser.add_argument(
+        "--etcd",
+        action="store_true",
+        help="measure the etcd store on a three-member cluster instead (--pinned applies)",
+    )
     args = parser.parse_args(argv)
+    if args.etcd:
+        if args.store:
+            parser.error("--etcd measures its own cluster: --store does not apply")
+        return main_etcd(args)
     if args.permits:
         return main_permits(args)
     if args.atomic:
@@ -786,6 +797,13 @@ def main_permits(args: argparse.Namespace) -> int:
     from benchmarks import permits
 
     return _main_section(args, "permits", permits.main)
+
+
+def main_etcd(args: argparse.Namespace) -> int:
+    """``--etcd``: ``EtcdStore`` on a three-member cluster (``benchmarks/etcd.py``, issue 28)."""
+    from benchmarks import etcd
+
+    return _main_section(args, "the etcd store", etcd.main)
 
 
 def main_atomic(args: argparse.Namespace) -> int:
