@@ -54,9 +54,34 @@ def test_a_takeover_within_the_effective_ttl_after_a_crash() -> None:
     assert "p5_excess_max_s=-0.5" in report.summary()
 
 
+def refused(pid: int, sent: float) -> dict[str, Any]:
+    return {
+        "e": "acall",
+        "t": sent + 0.01,
+        "pid": pid,
+        "key": "k",
+        "sent": sent,
+        "took": 0.01,
+        "granted": False,
+    }
+
+
 def test_a_takeover_later_than_the_ttl_is_over_the_bound() -> None:
     events = [cluster(), *killed(1, 10, 10.0), *held(2, 11, 13.4, 14.0), *counters(1, 1)]
-    assert check(events).p5_excess == [pytest.approx(0.4)]
+    report = check(events)
+    assert report.p5_excess == [pytest.approx(0.4)]
+    assert report.p5_held == []  # nobody tried in between: the key may have been free at 13
+
+
+def test_a_refused_acquire_after_the_bound_proves_the_key_outlived_it() -> None:
+    tries = [refused(2, 12.5), refused(2, 13.2), refused(3, 20.0)]  # the last after the takeover
+    events = [cluster(), *killed(1, 10, 10.0), *tries, *held(2, 11, 13.4, 14.0), *counters(1, 1)]
+    report = check(events)
+    assert report.p5_held == [pytest.approx(0.2)]
+    assert "p5_held_max_s=0.2" in report.summary()
+    # Refused only before the bound: held at least until 12.5, within it.
+    report = check([e for e in events if e.get("sent") != 13.2])
+    assert report.p5_held == [pytest.approx(-0.5)]
 
 
 def test_after_a_leader_change_the_bound_counts_from_the_election() -> None:
@@ -94,7 +119,7 @@ def test_no_p5_figure_off_etcd() -> None:
 def test_the_etcd_table_names_each_violation_the_issue_asks_about() -> None:
     from tests.faults.table import table
 
-    def result(overlap: int, decreasing: int, excess: float) -> dict[str, Any]:
+    def result(overlap: int, decreasing: int, excess: float, held: float) -> dict[str, Any]:
         return {
             "scenario": "etcd_leader_kill",
             "store": "etcd",
@@ -112,10 +137,11 @@ def test_the_etcd_table_names_each_violation_the_issue_asks_about() -> None:
             "takeover_max_s": 5.0,
             "p5_excess_max_s": excess,
             "gap_max_s": 4.5,
+            "p5_held_max_s": held,
         }
 
-    postgres = result(0, 0, math.nan) | {"store": "postgres"}
-    text = table([result(1, 0, -0.4), result(0, 2, -0.1), postgres], etcd=True)
+    postgres = result(0, 0, math.nan, math.nan) | {"store": "postgres"}
+    text = table([result(1, 0, -0.4, -0.3), result(0, 2, -0.1, -0.6), postgres], etcd=True)
     rows = text.split("\n   * - ")
     assert len(rows) == 3  # the header and the one etcd row: no other store's
     cells = [cell.strip().removeprefix("- ") for cell in rows[2].split("\n")]
@@ -132,7 +158,7 @@ def test_the_etcd_table_names_each_violation_the_issue_asks_about() -> None:
         "2",
         "2 / 7.5 / 7.5",
         "4 / 5 / 5",
-        "-0.1",
+        "-0.1 (-0.3)",
         "4.5",
     ]
 

@@ -29,9 +29,11 @@ CI_SQLITE_DURATION = 25.0
 LATENESS_P99_BOUND_MS = 500.0
 """A generous bound for noisy CI machines; the long run reports the real figure."""
 CI_ETCD_DURATION = 30.0
-P5_SLACK_S = 0.6
-"""How late after P5's bound on etcd a takeover may come in CI: etcd 3.4's leader looks for
-expired leases every 500 ms, and the revoke is one more Raft round (tests/faults/figures.py)."""
+P5_SLACK_S = 1.0
+"""How long after P5's bound on etcd a crashed holder's key may still be refused to an acquire
+in CI (``p5_held``, tests/faults/figures.py): etcd 3.4's leader looks for expired leases every
+500 ms, and the revoke is one more Raft round (0.40 s at most in the 5 x 120 s runs). A key left
+on a lease that is still renewed is refused for far longer."""
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +192,7 @@ def test_no_violation_under_etcd_faults(
     assert math.isnan(p99) or p99 < LATENESS_P99_BOUND_MS, summary
     if scenario == "etcd_leader_kill":
         assert report.p5_excess, summary  # a holder was killed with the leader, and taken over
-        assert max(report.p5_excess) < P5_SLACK_S, summary
+        assert max(report.p5_held, default=0.0) < P5_SLACK_S, summary
 
 
 @pytest.mark.postgres

@@ -99,8 +99,9 @@ class Report:
     lost_by: Counter[str] = field(default_factory=Counter)
     lateness: list[float] = field(default_factory=list)
     takeover: list[float] = field(default_factory=list)
-    crashes: list[tuple[float, float]] = field(default_factory=list)  # (kill, its takeover)
+    crashes: list[tuple[float, float, str]] = field(default_factory=list)  # kill, takeover, slot
     p5_excess: list[float] = field(default_factory=list)  # etcd: takeover minus P5's bound
+    p5_held: list[float] = field(default_factory=list)  # etcd: last refused try minus the bound
     gap_max: float = 0.0  # seconds: the longest a key went without a valid holder in between
     canary_lost: int = 0
     refused_fenced: int = 0
@@ -125,6 +126,7 @@ class Report:
             "takeover_p99_s": _round(percentile(self.takeover, 99)),
             "takeover_max_s": _round(max(self.takeover, default=math.nan)),
             "p5_excess_max_s": _round(max(self.p5_excess, default=math.nan)),
+            "p5_held_max_s": _round(max(self.p5_held, default=math.nan)),
             "gap_max_s": _round(self.gap_max),
         }
 
@@ -143,7 +145,11 @@ class Report:
             f"p50={f['takeover_p50_s']} p99={f['takeover_p99_s']} (n={len(self.takeover)}) | "
             f"canary_lost_updates={self.canary_lost} | gap_max_s={f['gap_max_s']}"
             + (f" | peak_holders={self.peak_holders}" if self.peak_holders else "")
-            + (f" | p5_excess_max_s={f['p5_excess_max_s']}" if self.p5_excess else "")
+            + (
+                f" | p5_excess_max_s={f['p5_excess_max_s']} p5_held_max_s={f['p5_held_max_s']}"
+                if self.p5_excess
+                else ""
+            )
             + (f" | {atomic_summary(self)}" if self.atomic else "")
             + (f" | {job_summary(self)}" if self.jobs_run else "")
         )

@@ -43,12 +43,22 @@ ETCD_SCENARIOS: dict[str, str] = {
     "no reset)",
     "etcd_cluster_restart": "all three etcd members SIGKILLed, started again 0 to 1 ttl later",
 }
-ETCD_GENERIC = ("baseline", "holder_pause", "request_pause", "delayed_write", "holder_kill")
-"""The scenarios of every store that also run on etcd. Not the ones whose fault is another
-store's server (``store_pause``, ``store_restart``: the etcd scenarios are their forms here, and
-``hung_connection`` is ``etcd_hung_route``), nor those whose nemesis or rows are a store's own
-(``permits``: the etcd store has no permits yet; ``replace``'s stale requests; ``leader``,
-``atomic_pgbouncer``, ``wallclock``)."""
+ETCD_GENERIC = (
+    "baseline",
+    "holder_pause",
+    "request_pause",
+    "delayed_write",
+    "holder_kill",
+    "permits",
+    "replace",
+    "max_hold",
+)
+"""The scenarios of every store that also run on etcd (``permits`` and ``replace`` hang a
+holder's three routes; ``replace``'s stale request is :func:`stale_request`). Not the ones whose
+fault is another store's server (``store_pause``, ``store_restart``: the etcd scenarios are
+their forms here, and ``hung_connection`` is ``etcd_hung_route``), nor ``leader``,
+``atomic_pgbouncer`` and ``wallclock`` (``run_leader`` with its own settings, PgBouncer, a
+server whose "now" a client's clock could move)."""
 LEADER_SHARE = 1 / 3
 """The share of ``etcd_member_pause`` faults that pause the leader."""
 
@@ -62,6 +72,42 @@ def start_etcd() -> EtcdCluster:
         cluster.destroy()
         raise
     return cluster
+
+
+def stale_request(cluster: EtcdCluster, key: str, token: int, stale: int) -> bool:
+    """The ``replace`` scenario's stale request on etcd: ``stale`` written as ``key``'s preempt
+    request (``<prefix>/p/<key>``) if its lease's token is ``token`` and no request names
+    ``token`` already (a genuine request is never overwritten); whether it was written."""
+    from django_locks.stores.etcd import wire as ops
+    from django_locks.stores.etcd.records import Layout
+    from tests.servers.etcd import gateway
+
+    names = Layout("django_locks").names(key)
+    value = str(stale).encode()
+    named = {"target": "VALUE", "key": ops.b64(names.preempt),
+             "value": ops.b64(str(token).encode()), "result": "NOT_EQUAL"}  # fmt: skip
+    body = {
+        "compare": [ops.created_at(names.lease, token)],
+        "success": [
+            ops.txn(
+                [ops.absent(names.preempt)],
+                [ops.put(names.preempt, value)],
+                [ops.txn([named], [ops.put(names.preempt, value)])],
+            )
+        ],
+    }
+    for member in cluster.members:
+        if member.running and not member.paused:
+            reply = gateway(member.url, "kv/txn", body, timeout=5)
+            break
+    else:
+        return False
+    if not reply.get("succeeded"):
+        return False
+    inner = reply["responses"][0]["response_txn"]
+    return bool(inner.get("succeeded")) or bool(
+        inner["responses"][0]["response_txn"].get("succeeded")
+    )
 
 
 def etcd_routes(cluster: EtcdCluster, proxy: Proxy) -> list[int]:

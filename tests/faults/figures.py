@@ -64,26 +64,39 @@ def takeover(by_kind: dict[str, list[dict[str, Any]]], report: Report) -> None:
         after = [t for t, pid in starts[slot] if t > fault["start"] and pid != fault["pid"]]
         if after:
             report.takeover.append(after[0] - fault["start"])
-            report.crashes.append((fault["start"], after[0] - fault["start"]))
+            report.crashes.append((fault["start"], after[0] - fault["start"], slot))
     p5_excess(by_kind, report)
 
 
 def p5_excess(by_kind: dict[str, list[dict[str, Any]]], report: Report) -> None:
     """On etcd (the run's ``cluster`` event gives the ttl and the election timeout): each
-    takeover after a crash minus P5's bound there, "the effective ttl, plus the election
-    timeout when the leader changed". With a new leader elected between the crash and the
-    takeover (an etcd fault's ``elected``: when the nemesis saw it, a little after the fact),
-    the bound counts from that election, since the new leader restarts every lease at its full
-    TTL plus an election timeout; else from the crash. Above 0: later than P5 says."""
+    crash against P5's bound there, "the effective ttl, plus the election timeout when the
+    leader changed". With a new leader elected between the crash and the takeover (an etcd
+    fault's ``elected``: when the nemesis saw it, a little after the fact), the bound counts
+    from that election, since the new leader restarts every lease at its full TTL plus an
+    election timeout; else from the crash.
+
+    ``p5_excess``: the takeover minus the bound, how late the key was free at most (a takeover
+    also waits for a waiter: one may come late, when every waiter had given up meanwhile).
+    ``p5_held``: the send of the last acquire of the key refused before the takeover, minus the
+    bound, how late it was still held at least: above 0 proves the key outlived the bound."""
     if not by_kind["cluster"]:
         return
     cluster = by_kind["cluster"][0]
     ttl, election = float(cluster["ttl"]), float(cluster.get("election_s", 1.0))
     elections = sorted(f["elected"] for f in by_kind["fault"] if f.get("elected") is not None)
-    for start, took in report.crashes:
+    refused: dict[str, list[float]] = defaultdict(list)
+    for call in by_kind["acall"]:
+        if not call["granted"]:
+            refused[call["key"]].append(call["sent"])
+    for start, took, slot in report.crashes:
         changed = [t for t in elections if start < t < start + took]
         bound = ttl + (changed[-1] - start + election if changed else 0.0)
         report.p5_excess.append(took - bound)
+        # A permit's refused acquire says its key is full, not which slot: plain keys only.
+        tries = [t for t in refused[slot] if start < t < start + took]
+        if tries and "#" not in slot:
+            report.p5_held.append(max(tries) - start - bound)
 
 
 def longest_gap(windows: list[Window], report: Report) -> None:

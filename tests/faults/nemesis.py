@@ -105,6 +105,7 @@ class Nemesis:
     faketime: dict[int, Path]
     stopped: set[int]
     redis: Any
+    etcd: Any  # the run's EtcdCluster on etcd (tests/faults/etcd_faults.py)
     proxy: Proxy | None
     stop: threading.Event
     stop_at: float
@@ -356,7 +357,11 @@ class Nemesis:
         pid, key, token = holder
         stale = token - 1  # an older token: whatever held the key before, or nothing did
         start = time.monotonic()
-        if self.config.store == "redis":
+        if self.config.store == "etcd":
+            from tests.faults.etcd_faults import stale_request
+
+            written = int(stale_request(self.etcd, key, token, stale))
+        elif self.config.store == "redis":
             from django_locks.stores.redis.scripts import names
 
             client = self.redis.client()
