@@ -9,35 +9,21 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from benchmarks.run import ASYNC_HANDOFF
-from tests.servers import missing
+from tests.benchmark_runs import quick_benchmark
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
 
-ROOT = Path(__file__).resolve().parent.parent
 PEERS = {"python-redis-lock": "redis_lock", "pottery": "pottery"}
 
 
 def test_quick_run_prints_every_section_and_the_counted_figures(tmp_path: Path) -> None:
     figures = tmp_path / "figures.json"
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    run = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--quick", "--json", str(figures)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    if run.returncode == 2 and "Cannot run" in run.stdout:
-        missing(run.stdout.strip().splitlines()[-1])
-    assert run.returncode == 0, run.stdout + run.stderr
+    run = quick_benchmark(figures=figures)
     out = run.stdout
     for heading in (
         "== PostgreSQL",
@@ -109,18 +95,7 @@ def test_quick_run_prints_every_section_and_the_counted_figures(tmp_path: Path) 
 
 def test_quick_admin_run_compares_the_leases_page_with_a_plain_model_admin(tmp_path: Path) -> None:
     figures = tmp_path / "admin.json"
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    run = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--admin", "--quick", "--json", str(figures)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    if run.returncode == 2 and "Cannot run" in run.stdout:
-        missing(run.stdout.strip().splitlines()[-1])
-    assert run.returncode == 0, run.stdout + run.stderr
+    run = quick_benchmark("--admin", figures=figures)
     for heading in (
         "== The admin's Leases page, PostgreSQL",
         "Changelist loads",
@@ -139,16 +114,7 @@ def test_quick_admin_run_compares_the_leases_page_with_a_plain_model_admin(tmp_p
 
 def test_quick_exporters_run_reports_the_cost_and_the_round_trip_ratio(tmp_path: Path) -> None:
     figures = tmp_path / "exporters.json"
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    run = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--exporters", "--quick", "--json", str(figures)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stdout + run.stderr
+    run = quick_benchmark("--exporters", figures=figures, timeout=300)
     for heading in (
         "== The exporters' cost",
         "Goal (issue 21): at most 10 us added per acquire + release with both",
@@ -166,18 +132,7 @@ def test_quick_permits_run_compares_a_permit_with_a_plain_lock_on_every_store(
     tmp_path: Path,
 ) -> None:
     figures = tmp_path / "permits.json"
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    run = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--permits", "--quick", "--json", str(figures)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if run.returncode == 2 and "Cannot run" in run.stdout:
-        missing(run.stdout.strip().splitlines()[-1])
-    assert run.returncode == 0, run.stdout + run.stderr
+    run = quick_benchmark("--permits", figures=figures, timeout=300)
     out = run.stdout
     for heading in (
         "== The in-memory store ==",
@@ -220,18 +175,7 @@ def test_quick_permits_run_compares_a_permit_with_a_plain_lock_on_every_store(
 
 def test_quick_atomic_run_compares_lock_atomic_with_a_plain_transaction(tmp_path: Path) -> None:
     figures = tmp_path / "atomic.json"
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    run = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--atomic", "--quick", "--json", str(figures)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    if run.returncode == 2 and "Cannot run" in run.stdout:
-        missing(run.stdout.strip().splitlines()[-1])
-    assert run.returncode == 0, run.stdout + run.stderr
+    run = quick_benchmark("--atomic", figures=figures)
     out = run.stdout
     for heading in (
         "== PostgreSQL",

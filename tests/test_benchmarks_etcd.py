@@ -8,34 +8,18 @@ tests/test_benchmarks.py.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.servers import missing
+from tests.benchmark_runs import quick_benchmark
 
 pytestmark = [pytest.mark.slow, pytest.mark.etcd]
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_quick_etcd_run_counts_the_renewals_and_classes_the_handoffs(tmp_path: Path) -> None:
     figures = tmp_path / "etcd.json"
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    run = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--etcd", "--quick", "--json", str(figures)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    if run.returncode == 2 and "Cannot run" in run.stdout:
-        missing(run.stdout.strip().splitlines()[-1])
-    assert run.returncode == 0, run.stdout + run.stderr
+    run = quick_benchmark("--etcd", figures=figures)
     out = run.stdout
     for heading in (
         "== etcd: a three-member cluster on loopback",
