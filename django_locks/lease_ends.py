@@ -209,6 +209,7 @@ class KeeperEnds:
                 AbortedError(f"lock {self.key!r} was garbage-collected without release()"),
             )
         self._tell("released", "abandoned")
+        self.store.forsake(self.lease_key, self.owner)
         logger.warning(
             "Lock %r (fencing token %s) was garbage-collected without release(); it is no longer "
             "renewed and lapses within its ttl of %gs. Use `with locks.lock(...)` or call "

@@ -15,6 +15,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from django_locks import process
 from django_locks.holders import Holder
+from django_locks.stores.arguments import check_older_than as check_older_than
 
 LeaseState = Literal["held", "expired", "released"]
 
@@ -397,6 +398,10 @@ class LockStore:
         """
         raise NotImplementedError
 
+    def forsake(self, key: str, owner: str) -> None:
+        """No I/O: ``owner``'s holder stopped renewing ``key`` without ending it (its ``Lock`` was
+        garbage-collected); a store renewing many leases at once (etcd) stops renewing it too."""
+
     # Life cycle and diagnostics.
 
     def close(self) -> None:
@@ -439,12 +444,3 @@ def require_permits(store: LockStore, permits: int) -> None:
             f" capability of the store contract): use the database (PostgreSQL or SQLite), etcd,"
             f" Redis or in-memory store, or permits=1"
         )
-
-
-def check_older_than(older_than_ms: object) -> int:
-    """``older_than_ms`` of :meth:`LockStore.prune`, checked: an ``int`` of 0 or more."""
-    if isinstance(older_than_ms, bool) or not isinstance(older_than_ms, int):
-        raise TypeError(f"`older_than_ms` must be an int of milliseconds, got {older_than_ms!r}")
-    if older_than_ms < 0:
-        raise ValueError(f"`older_than_ms` must be 0 or more, got {older_than_ms!r}")
-    return older_than_ms

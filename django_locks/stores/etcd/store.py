@@ -9,7 +9,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from django_locks.durations import Duration, timeout_seconds
-from django_locks.exceptions import PermitsMismatchError
+from django_locks.exceptions import PermitsMismatchError, StoreError
 from django_locks.holders import Holder
 from django_locks.stores import runtime
 from django_locks.stores.base import (
@@ -195,6 +195,30 @@ class EtcdStore(Permits, Ticks, Listing, LockStore):
         return results
 
     def release(self, key: str, owner: str, *, timeout: float | None = None) -> bool:
+        """One Txn guarded on the owner. When it fails, the key may still be on the process's
+        shared etcd lease: :meth:`forsake` retires that lease, so the key lapses at its ttl."""
+        try:
+            return self._release(key, owner, timeout)
+        except StoreError:
+            self.forsake(key, owner)
+            raise
+
+    def forsake(self, key: str, owner: str) -> None:
+        """No I/O: the shared etcd lease ``key`` is on (as this process's watch last saw it) is
+        retired, so that no keepalive extends the key any more and it lapses at the lease's
+        expiry; the process's next renewals move its other keys on that lease onto a new one
+        (read and moved, guarded on their owners: one more Txn or two, once)."""
+        process = self._process.get()
+        name = self.layout.names(key).lease
+        own = process.watch.own.get(name)
+        if own is None or own.owner != owner:
+            return
+        granted = process.leases.by_id(own.lease)
+        if granted is not None:
+            process.leases.forget(granted)
+        process.watch.drop(name)
+
+    def _release(self, key: str, owner: str, timeout: float | None) -> bool:
         if isinstance(key, Slot):  # the key's record follows (permits.py)
             return self._release_slot(key, owner, self._deadline(timeout))
         names = self.layout.names(key)
