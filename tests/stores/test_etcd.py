@@ -127,21 +127,30 @@ def test_a_release_wakes_a_waiter_in_another_process_by_the_watch(etcd: Any) -> 
     assert answer == b"1" and waited < 1.0, (answer, waited)
 
 
+def _follower_first(etcd: Any) -> list[str]:
+    """The cluster's endpoints, a follower's first (where a store's calls start)."""
+    leader = etcd.wait_for_leader()
+    follower = next(index for index in range(len(etcd.endpoints)) if index != leader)
+    urls = list(etcd.endpoints)
+    return [urls.pop(follower), *urls]
+
+
 def test_calls_go_on_through_the_other_members_while_one_is_down(etcd: Any) -> None:
-    # Long enough for an election: the member killed may be the leader.
-    store = make_store(etcd.endpoints, timeout=10)
+    # A follower, listed first (where calls start); the leader's death is the test below (a
+    # write through a follower during the election is a StoreTimeoutError, retried).
+    store = make_store(_follower_first(etcd), timeout=10)
     assert store.acquire("k", "owner", 10_000) is not None
-    etcd.member(0).kill()  # the first endpoint, where calls start
+    etcd.member(etcd.endpoints.index(store._urls()[0])).kill()
     assert store.renew("k", "owner", 10_000) is True
     assert store.release("k", "owner")
     assert store.acquire("k", "other", 10_000) is not None
 
 
 def test_a_call_to_a_paused_member_times_out_and_the_next_goes_elsewhere(etcd: Any) -> None:
-    store = make_store(etcd.endpoints)
+    store = make_store(_follower_first(etcd))
     token = store.acquire("k", "owner", 10_000)
     assert token is not None
-    etcd.member(0).pause()
+    etcd.member(etcd.endpoints.index(store._urls()[0])).pause()  # a follower: no election
     with pytest.raises(StoreTimeoutError, match="did not answer"):
         store.renew("k", "owner", 10_000, timeout=0.5)
     assert store.acquire("k", "owner", 10_000, timeout=3) == token  # idempotent, elsewhere
@@ -201,3 +210,62 @@ def test_bad_options_are_refused_naming_the_option() -> None:
         EtcdStore(endpoints=[2379])  # type: ignore[list-item]
     with pytest.raises(ValueError, match="`prefix`"):
         EtcdStore(prefix="")
+
+
+def _taken_within(store: EtcdStore, key: str, seconds: float) -> float:
+    """Seconds until another owner takes ``key`` (failing after ``seconds``)."""
+    started = time.monotonic()
+    while store.acquire(key, "the next holder", 2000) is None:
+        assert time.monotonic() - started < seconds, f"{key!r} was never freed"
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+def test_a_garbage_collected_lock_lapses_while_the_process_renews_its_other_locks(
+    etcd: Any,
+) -> None:
+    import gc
+
+    store = make_store(etcd.endpoints)
+    other = make_store(etcd.endpoints)
+    other.prefix, other.layout = store.prefix, store.layout
+    locks = Locks(store, ttl=2)
+    kept = locks.acquire("kept")
+    dropped = locks.acquire("dropped")
+    assert kept is not None and dropped is not None
+    del dropped
+    gc.collect()
+    # Without forsake() the keepalives of "kept" (same ttl, same etcd lease) renew it for ever.
+    took = _taken_within(other, "dropped", 2 + 1.5)
+    assert kept.held
+    time.sleep(2.5)  # kept's renewals moved it onto a new shared lease: still held
+    assert kept.held and other.acquire("kept", "the next holder", 2000) is None
+    assert took < 3.5, took
+    kept.release()
+
+
+def test_a_lock_whose_release_failed_lapses_while_the_process_renews_its_other_locks(
+    etcd: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = make_store(etcd.endpoints)
+    other = make_store(etcd.endpoints)
+    other.prefix, other.layout = store.prefix, store.layout
+    locks = Locks(store, ttl=2)
+    kept = locks.acquire("kept")
+    failing = locks.acquire("failing")
+    assert kept is not None and failing is not None
+    original = Wire.call
+
+    def refused(wire: Wire, path: str, body: Any, deadline: float) -> Any:
+        if path == "kv/txn" and "request_delete_range" in str(body):
+            raise StoreError("the release's answer was lost (injected)")
+        return original(wire, path, body, deadline)
+
+    monkeypatch.setattr(Wire, "call", refused)
+    with pytest.raises(StoreError, match="injected"):
+        failing.release()
+    monkeypatch.setattr(Wire, "call", original)
+    took = _taken_within(other, "failing", 2 + 1.5)
+    assert kept.held and other.acquire("kept", "the next holder", 2000) is None
+    assert took < 3.5, took
+    kept.release()
