@@ -269,3 +269,11 @@ def test_a_lock_whose_release_failed_lapses_while_the_process_renews_its_other_l
     assert kept.held and other.acquire("kept", "the next holder", 2000) is None
     assert took < 3.5, took
     kept.release()
+
+
+def test_an_https_endpoint_on_a_plain_http_member_is_a_store_error(etcd: Any) -> None:
+    # The outsider's find: the TLS handshake's error reached etcd3gw with a str `reason`, and
+    # the wire's look at its cause chain raised AttributeError.
+    url = etcd.endpoints[0].replace("http://", "https://")
+    with pytest.raises(StoreError, match="https://"):
+        make_store([url], timeout=2).acquire("k", "owner", 2000)

@@ -208,13 +208,18 @@ class Wire:
 def _not_sent(exc: BaseException) -> bool:
     """Whether the connection could not be made at all (nothing reached etcd): etcd3gw raises
     ``ConnectionFailedError`` for that, for a connection lost later and for an HTTP 503."""
-    cause = exc.__context__
-    while cause is not None:
+    seen: set[int] = set()
+    causes: list[object] = [exc.__context__]
+    while causes:
+        cause = causes.pop()
+        # A chain of exceptions; urllib3's ``reason`` may be an exception or a str (an SSL
+        # error's), which ends that branch.
+        if not isinstance(cause, BaseException) or id(cause) in seen:
+            continue
+        seen.add(id(cause))
         if isinstance(cause, urllib3.exceptions.NewConnectionError):
             return True
-        cause = cause.__context__ or getattr(cause, "reason", None) or cause.__cause__
-        if isinstance(cause, urllib3.exceptions.MaxRetryError):
-            cause = cause.reason
+        causes += [cause.__context__, cause.__cause__, getattr(cause, "reason", None)]
     return "Failed to establish a new connection" in str(exc)
 
 
