@@ -27,6 +27,9 @@ import threading
 import time
 from typing import Any
 
+import requests
+import urllib3
+
 from django_locks.policy import POLICY
 from django_locks.stores.etcd.wire import Wire, b64, range_end
 
@@ -149,6 +152,10 @@ class Watch:
             except Exception as exc:  # the thread must outlive every failure
                 if self._stopped:
                     return
+                if _read_timed_out(exc):
+                    # No line for etcd_watch_read seconds: the planned remake (a quiet prefix,
+                    # or a member that stopped answering), from the next revision; not a failure.
+                    continue
                 failures += 1
                 with self._cond:
                     first, self.failing = not self.failing, True
@@ -258,3 +265,14 @@ class Watch:
             response.close()
         if wait and thread is not None and thread is not threading.current_thread():
             thread.join(timeout=1)
+
+
+def _read_timed_out(exc: BaseException) -> bool:
+    """Whether the stream ended by its read timeout (requests raises ``ReadTimeout`` while it
+    waits for the answer, ``ConnectionError`` wrapping urllib3's ``ReadTimeoutError`` within
+    the stream)."""
+    if isinstance(exc, requests.exceptions.ReadTimeout):
+        return True
+    return isinstance(exc, requests.exceptions.ConnectionError) and any(
+        isinstance(arg, urllib3.exceptions.ReadTimeoutError) for arg in exc.args
+    )
