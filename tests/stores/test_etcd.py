@@ -286,7 +286,12 @@ def test_a_quiet_prefix_logs_no_watch_failure(etcd: Any, caplog: pytest.LogCaptu
     with caplog.at_level("INFO", logger="django_locks"):
         assert store.wait_for_release("k", 12) is False  # nothing happens under the prefix
         assert store.acquire("k", "owner", 5000) is not None
-        waiter = threading.Thread(target=lambda: (time.sleep(0.3), store.release("k", "owner")))
+
+        def release_soon() -> None:
+            time.sleep(0.3)  # the waiter below waits first
+            store.release("k", "owner")
+
+        waiter = threading.Thread(target=release_soon)
         started = time.monotonic()
         waiter.start()
         woken = store.wait_for_release("k", 5)
