@@ -18,7 +18,7 @@ from django.test import override_settings
 
 from django_locks.stores.etcd import EtcdStore
 from django_locks.stores.etcd.checks import CHECK_TIMEOUT, version_message
-from tests.children.env import child_env
+from tests.children.env import ROOT, child_env
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.etcd
@@ -115,27 +115,13 @@ def test_manage_py_check_reports_the_stores_own_ids():
     assert "django_locks.E001" not in text
 
 
-MISSING_ETCD3GW = """
-import sys
-sys.modules["etcd3gw"] = None  # as if not installed
-import django
-from django.conf import settings
-settings.configure(INSTALLED_APPS=["django_locks"], LOCKS={"BACKEND": %r})
-try:
-    django.setup()
-except Exception as exc:
-    print(type(exc).__name__, exc)
-else:
-    print("started")
-"""
-
-
 def test_a_missing_etcd3gw_is_refused_at_startup_with_the_install_command():
     out = subprocess.run(
-        [sys.executable, "-c", MISSING_ETCD3GW % BACKEND],
+        [sys.executable, "-m", "tests.children.etcd_missing_client", BACKEND],
         capture_output=True,
         text=True,
         check=True,
+        cwd=ROOT,
         env=child_env(),
     )
     assert out.stdout.startswith("ImproperlyConfigured"), out.stdout + out.stderr
