@@ -97,6 +97,11 @@ class RenewalPolicy:
     etcd_watch_first: float = 0.1
     etcd_watch_cap: float = 5.0
     """A failed etcd watch is made again after 0.1 s, then backing off to 5 s."""
+    etcd_attempt: float = 1.0
+    """An etcd call that may be repeated (acquire, every call of a renewal, a lease grant or
+    keepalive) waits 1 s for one member, then is sent again to the next, until its deadline: a
+    member without a leader holds a write for etcd's 7 s request timeout, longer than a short
+    lock has left, and a new leader is elected in 1 to 2.5 s."""
     etcd_heartbeat_wait: float = 1.0
     """The longest wait of ``EtcdStore.renew_many`` for its watch to see its heartbeat before
     it reads its keys instead."""
@@ -125,6 +130,14 @@ class RenewalPolicy:
     def lookahead(self, ttl: float) -> float:
         """A batch renewing now takes along a lock whose renewal falls due this soon."""
         return ttl / self.lookahead_divisor
+
+    def etcd_election_ttl(self, min_lease_ttl_s: int) -> int:
+        """The shortest ttl (whole seconds) whose renewals ride out an etcd leader election: a
+        leader change takes up to about two election timeouts (the cluster's minimum lease TTL
+        is about 1.5 of them), a renewal sent then is answered one attempt later, and a
+        renewal has two thirds of its ttl before its deadline. 6 s with etcd's defaults."""
+        election = 2 * min_lease_ttl_s / 1.5
+        return math.ceil((election + self.etcd_attempt) * self.renew_divisor / 2)
 
     def retry(self, ttl: float) -> float:
         """Seconds before a failed renewal is sent again."""

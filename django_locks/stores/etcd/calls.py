@@ -38,8 +38,10 @@ class Calls:
     def _left(deadline: float) -> float:
         return max(deadline - time.monotonic(), 0)
 
-    def _txn(self, body: Json, deadline: float) -> Json:
-        return self._process.get().wire.call("kv/txn", body, deadline)
+    def _txn(self, body: Json, deadline: float, *, again: bool = False) -> Json:
+        """One Txn; ``again``: it may be applied twice, so it is sent again to the next member
+        when one does not answer within ``POLICY.etcd_attempt`` (``Wire.call``)."""
+        return self._process.get().wire.call("kv/txn", body, deadline, again=again)
 
     def _shared(self, ttl_ms: int, deadline: float) -> Granted:
         return self._process.get().leases.shared(ttl_ms, deadline)

@@ -1,5 +1,5 @@
 """The etcd store's system checks: its options (E301-E303, no I/O) and, with ``check --deploy``
-or ``--database``, the cluster's health, version and minimum lease TTL (W301-W307).
+or ``--database``, the cluster's health, version and minimum lease TTL (W301-W308).
 
 The I/O checks ask each endpoint for its ``/v3/maintenance/status`` (all at once, each bounded
 by :data:`CHECK_TIMEOUT`), one answering member for the member list, and, when a leader is
@@ -23,6 +23,8 @@ from etcd3gw.client import Etcd3Client
 
 from django_locks.durations import timeout_seconds
 from django_locks.exceptions import StoreError
+from django_locks.policy import POLICY
+from django_locks.stores.etcd.leases import Granted
 from django_locks.stores.etcd.wire import Json, Wire
 
 if TYPE_CHECKING:
@@ -154,7 +156,7 @@ class Probe:
 
 
 def store_messages(store: EtcdStore) -> list[Any]:
-    """W301-W307 for ``store``'s cluster (``check --deploy`` / ``--database``)."""
+    """W301-W308 for ``store``'s cluster (``check --deploy`` / ``--database``)."""
     probes = probe_all(store.endpoints)
     answering = [probe for probe in probes if probe.status is not None]
     found = [version_message(probe.who, probe.version) for probe in probes]
@@ -355,7 +357,8 @@ def _endpoints_cover(store: EtcdStore, members: list[Json]) -> list[Any]:
 
 
 def ttl_messages(store: EtcdStore) -> list[Any]:
-    """W307: ``LOCKS["TTL"]`` is below the effective ttl, learnt from one lease grant."""
+    """W307: ``LOCKS["TTL"]`` is below the effective ttl, learnt from one lease grant; W308: it
+    is too short to ride out a leader election."""
     from django_locks import conf  # conf imports the stores' base
 
     try:
@@ -378,20 +381,37 @@ def ttl_messages(store: EtcdStore) -> list[Any]:
             )
         ]
     effective_ms = store.effective_ttl_ms(ttl_ms)
-    if effective_ms <= ttl_ms:
-        return []
-    lives, minimum, ttl = effective_ms // 1000, granted.ttl_s, f"{ttl_ms / 1000:g} s"
-    return [
-        checks.Warning(
-            f"LOCKS['TTL'] is {ttl}, but a lock lives {lives} s on etcd ({store}): etcd grants "
-            "leases in whole seconds and never shorter than the cluster's minimum lease TTL, "
-            f"{minimum} s here (about 1.5 x the members' --election-timeout). A holder that "
-            f"crashes keeps its locks for {lives} s, so takeover (P5) takes up to {lives} s, "
-            f"plus the election timeout when the leader changed, not {ttl}.",
-            hint=f"Set LOCKS['TTL'] to at least '{lives}s', so that the settings say what etcd "
-            "does (a lock's own ttl below it is rounded up the same way); if locks must lapse "
-            "sooner, lower the members' --election-timeout (and --heartbeat-interval with it), "
-            "which the minimum lease TTL follows.",
-            id="django_locks.W307",
+    messages = [] if effective_ms <= ttl_ms else [_rounded_up(ttl_ms, effective_ms, granted, store)]
+    rides = POLICY.etcd_election_ttl(granted.ttl_s)
+    if effective_ms < rides * 1000:
+        messages.append(
+            checks.Warning(
+                f"LOCKS['TTL'] is {ttl_ms / 1000:g} s, too short to ride out a leader election of "
+                f"the etcd cluster of {store}: a renewal sent as the leader dies is answered "
+                f"once a new leader is elected (up to about two election timeouts; the "
+                f"cluster's minimum lease TTL, {granted.ttl_s} s, is about 1.5 of them) plus "
+                f"one {POLICY.etcd_attempt:g} s attempt, and a renewal has two thirds of the "
+                f"ttl before the holder's deadline. Holders would lose their locks "
+                f'(detected_by="deadline") at each election, although their keys survive.',
+                hint=f"Set LOCKS['TTL'] to at least '{rides}s' (a lock's own ttl too), or lower "
+                "the members' --election-timeout.",
+                id="django_locks.W308",
+            )
         )
-    ]
+    return messages
+
+
+def _rounded_up(ttl_ms: int, effective_ms: int, granted: Granted, store: EtcdStore) -> Any:
+    lives, minimum, ttl = effective_ms // 1000, granted.ttl_s, f"{ttl_ms / 1000:g} s"
+    return checks.Warning(
+        f"LOCKS['TTL'] is {ttl}, but a lock lives {lives} s on etcd ({store}): etcd grants "
+        "leases in whole seconds and never shorter than the cluster's minimum lease TTL, "
+        f"{minimum} s here (about 1.5 x the members' --election-timeout). A holder that "
+        f"crashes keeps its locks for {lives} s, so takeover (P5) takes up to {lives} s, "
+        f"plus the election timeout when the leader changed, not {ttl}.",
+        hint=f"Set LOCKS['TTL'] to at least '{lives}s', so that the settings say what etcd "
+        "does (a lock's own ttl below it is rounded up the same way); if locks must lapse "
+        "sooner, lower the members' --election-timeout (and --heartbeat-interval with it), "
+        "which the minimum lease TTL follows.",
+        id="django_locks.W307",
+    )

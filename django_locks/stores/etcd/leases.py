@@ -57,7 +57,8 @@ class ProcessLeases:
     def grant(self, ttl_s: int, deadline: float) -> Granted:
         """A new lease of ``ttl_s`` seconds (or the cluster's minimum), nobody's to renew."""
         sent = time.monotonic()
-        reply = self._wire.call("lease/grant", {"TTL": ttl_s, "ID": 0}, deadline)
+        # Sent again when unanswered: a second lease granted is nobody's and lapses.
+        reply = self._wire.call("lease/grant", {"TTL": ttl_s, "ID": 0}, deadline, again=True)
         given = int(reply["TTL"])
         if given > ttl_s:
             self.min_ttl_s = max(self.min_ttl_s, given)
@@ -79,7 +80,7 @@ class ProcessLeases:
         """One keepalive: ``True`` when etcd moved the lease's expiry to its TTL from now,
         ``False`` when the lease is gone (it expired: every key on it went with it)."""
         sent = time.monotonic()
-        reply = self._wire.call("lease/keepalive", {"ID": str(granted.id)}, deadline)
+        reply = self._wire.call("lease/keepalive", {"ID": str(granted.id)}, deadline, again=True)
         ttl = int(reply.get("result", reply).get("TTL", 0) or 0)
         if ttl <= 0:
             self.forget(granted)

@@ -57,7 +57,7 @@ class Renewals(Calls):
             # permit_ops.record_chain says (guarded on the slot: never for a slot lost).
             heartbeat = ops.put(self.layout.heartbeat(process.id), b"", granted.id)
             success = [heartbeat, *self._record_ops(followed, granted)]
-            reply = self._txn({"compare": [], "success": success}, deadline)
+            reply = self._txn({"compare": [], "success": success}, deadline, again=True)
             followed = []
             revision = int(reply["header"]["revision"])
             if watch.through(revision, min(POLICY.etcd_heartbeat_wait, self._left(deadline))):
@@ -77,7 +77,11 @@ class Renewals(Calls):
             ):
                 answers[index] = answer
         if followed:  # slots read (and moved): their keys' records, before the keepalive
-            self._txn({"compare": [], "success": self._record_ops(followed, granted)}, deadline)
+            self._txn(
+                {"compare": [], "success": self._record_ops(followed, granted)},
+                deadline,
+                again=True,
+            )
         preempted = [index for index, answer in enumerate(answers) if answer == PREEMPTED]
         for index in preempted:
             key, owner = items[index]
@@ -104,7 +108,7 @@ class Renewals(Calls):
             names = self.layout.names(key)
             owned = ops.owned_by(names.lease, records.owner_prefix(owner))
             nested.append(ops.txn(owned, [ops.get(names.lease), ops.get(names.preempt)]))
-        reply = self._txn({"compare": [], "success": nested}, deadline)
+        reply = self._txn({"compare": [], "success": nested}, deadline, again=True)
         revision = int(reply["header"]["revision"])
         process = self._process.get()
         answers: list[Renewed] = []
@@ -138,7 +142,7 @@ class Renewals(Calls):
                 name = self.layout.names(record.key).lease
                 owned = ops.owned_by(name, records.owner_prefix(record.owner))
                 nested.append(ops.txn(owned, [ops.move(name, granted.id)]))
-            reply = self._txn({"compare": [], "success": nested}, deadline)
+            reply = self._txn({"compare": [], "success": nested}, deadline, again=True)
             revision = int(reply["header"]["revision"])
             for (position, record), response in zip(moves, reply["responses"], strict=True):
                 moved = bool(response["response_txn"].get("succeeded"))
@@ -191,7 +195,7 @@ class Renewals(Calls):
         own_lease = process.leases.grant(max(math.ceil(ttl_s), 1), deadline)
         owned = ops.owned_by(names.lease, records.owner_prefix(owner))
         body = {"compare": owned, "success": [ops.move(names.lease, own_lease.id)]}
-        reply = self._txn(body, deadline)
+        reply = self._txn(body, deadline, again=True)
         if reply.get("succeeded"):
             process.watch.drop(names.lease)
         return bool(reply.get("succeeded"))
@@ -208,12 +212,14 @@ class Renewals(Calls):
 
     def _left_on(self, name: bytes, deadline: float) -> float:
         """Seconds the etcd lease of the key ``name`` has left (0 when it has none)."""
-        reply = self._txn({"compare": [], "success": [ops.get(name)]}, deadline)
+        reply = self._txn({"compare": [], "success": [ops.get(name)]}, deadline, again=True)
         found = ops.kvs(reply["responses"][0])
         lease = int(found[0].get("lease", 0)) if found else 0
         if not lease:
             return 0.0
-        answer = self._process.get().wire.call("lease/timetolive", {"ID": str(lease)}, deadline)
+        answer = self._process.get().wire.call(
+            "lease/timetolive", {"ID": str(lease)}, deadline, again=True
+        )
         return float(max(int(answer.get("TTL", 0)), 0))
 
 

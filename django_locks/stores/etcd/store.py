@@ -128,7 +128,9 @@ class EtcdStore(Permits, Ticks, Listing, LockStore):
                 ],
             }
             try:
-                reply = self._txn(body, deadline)
+                # Sent again when unanswered: applied twice, the second is the same owner's
+                # re-acquire (the same token).
+                reply = self._txn(body, deadline, again=True)
             except LeaseNotFound:
                 self._process.get().leases.forget(granted)
                 continue

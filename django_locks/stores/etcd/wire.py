@@ -24,6 +24,7 @@ from etcd3gw.client import Etcd3Client
 
 from django_locks.durations import MAX_DURATION_MS
 from django_locks.exceptions import StoreError, StoreTimeoutError
+from django_locks.policy import POLICY
 from django_locks.stores import runtime
 
 Json = dict[str, Any]
@@ -148,51 +149,41 @@ class Wire:
     def deadline(timeout: float) -> float:
         return time.monotonic() + min(timeout, MAX_DURATION_MS / 1000)
 
-    def call(self, path: str, body: Json, deadline: float) -> Json:
+    def call(self, path: str, body: Json, deadline: float, *, again: bool = False) -> Json:
         """POST ``body`` to ``path`` (``"kv/txn"``, ``"lease/keepalive"``) on one endpoint,
         moving on to the next when one refuses the connection; ``StoreTimeoutError`` at the
-        deadline."""
-        first = self.preferred
+        deadline. ``again``: the call may be applied twice (it is idempotent), so one that
+        failed or went unanswered for ``POLICY.etcd_attempt`` is sent again to the next
+        endpoint, until the deadline (a member without a leader holds a write for 7 s)."""
         count = len(self.endpoints)
+        index = self.preferred
+        refused = 0  # endpoints in a row that refused the connection
         last_error: etcd_errors.Etcd3Exception | None = None
-        for step in range(count):
-            index = (first + step) % count
+        failed: StoreTimeoutError | None = None
+        while refused < count:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            client = self.client(index)
-            client.timeout = left
+            budget = min(left, POLICY.etcd_attempt) if again else left
             try:
-                reply: Json = client.post(client.get_url(path), json=body)
-            except etcd_errors.ConnectionFailedError as exc:
-                if _not_sent(exc):
-                    last_error = exc  # refused: nothing was sent, the next endpoint
-                    continue
-                # A 503 ("etcdserver: request timed out" after a leader change: a write through
-                # a follower waits 7 s, then says nothing of whether it landed) or a connection
-                # lost after sending: the call may have been applied, as after a timeout.
-                self._prefer((index + 1) % count)
-                raise StoreTimeoutError(
-                    f"etcd at {self.endpoint(index)} failed the call ({_said(exc)}); it may "
-                    f"have been applied, and the next call goes to another endpoint of "
-                    f"{self.what}.{_hint(_said(exc))}"
-                ) from exc
-            except etcd_errors.ConnectionTimeoutError as exc:
-                self._prefer((index + 1) % count)
-                raise StoreTimeoutError(
-                    f"etcd at {self.endpoint(index)} did not answer within "
-                    f"{max(left, 0):.3g}s; the call was abandoned (it may have been applied) "
-                    f"and the next call goes to another endpoint of {self.what}."
-                ) from exc
-            except etcd_errors.Etcd3Exception as exc:
-                text = f"{exc.detail_text or ''} {exc}"
-                if "requested lease not found" in text:
-                    raise LeaseNotFound(f"{self.what}: the lease has expired") from exc
-                raise runtime.translated(
-                    exc, f"etcd at {self.endpoint(index)}", timed_out=False, hint=_hint(text)
-                ) from exc
+                reply = self._once(index, path, body, budget)
+            except _Refused as refusal:
+                last_error = refusal.error  # nothing was sent: the next endpoint, at once
+                refused += 1
+                index = (index + 1) % count
+                continue
+            except StoreTimeoutError as exc:
+                index = (index + 1) % count
+                self._prefer(index)
+                if not again:
+                    raise
+                failed, refused = exc, 0
+                time.sleep(min(POLICY.etcd_attempt / 20, self._left(deadline)))
+                continue
             self._prefer(index)
             return reply
+        if failed is not None:
+            raise failed
         if last_error is None:
             raise StoreTimeoutError(f"{self.what} was not called: the call's time ran out")
         raise StoreError(
@@ -200,9 +191,60 @@ class Wire:
             f"that the etcd members are running and reachable, and the store's `endpoints`."
         ) from last_error
 
+    @staticmethod
+    def _left(deadline: float) -> float:
+        return max(deadline - time.monotonic(), 0)
+
+    def _once(self, index: int, path: str, body: Json, budget: float) -> Json:
+        """One POST to the endpoint ``index`` within ``budget`` seconds: ``_Refused`` when the
+        connection could not be made, ``StoreTimeoutError`` when the call may have been
+        applied."""
+        client = self.client(index)
+        client.timeout = budget
+        try:
+            reply: Json = client.post(client.get_url(path), json=body)
+        except etcd_errors.ConnectionFailedError as exc:
+            if _not_sent(exc):
+                raise _Refused(exc) from exc
+            # A 503 ("etcdserver: request timed out" after a leader change: a write through a
+            # follower waits 7 s, then says nothing of whether it landed) or a connection lost
+            # after sending: the call may have been applied, as after a timeout.
+            raise StoreTimeoutError(
+                f"etcd at {self.endpoint(index)} failed the call ({_said(exc)}); it may have "
+                f"been applied, and the next call goes to another endpoint of {self.what}."
+                f"{_hint(_said(exc))}"
+            ) from exc
+        except etcd_errors.ConnectionTimeoutError as exc:
+            raise StoreTimeoutError(
+                f"etcd at {self.endpoint(index)} did not answer within {budget:.3g}s; the call "
+                f"was abandoned (it may have been applied) and the next call goes to another "
+                f"endpoint of {self.what}."
+            ) from exc
+        except etcd_errors.Etcd3Exception as exc:
+            text = f"{exc.detail_text or ''} {exc}"
+            if "requested lease not found" in text:
+                raise LeaseNotFound(f"{self.what}: the lease has expired") from exc
+            if _electing(text):  # "leader changed": the outcome is not known
+                raise StoreTimeoutError(
+                    f"etcd at {self.endpoint(index)} failed the call ({_said(exc)}); it may "
+                    f"have been applied.{_hint(text)}"
+                ) from exc
+            raise runtime.translated(
+                exc, f"etcd at {self.endpoint(index)}", timed_out=False, hint=_hint(text)
+            ) from exc
+        return reply
+
     def _prefer(self, index: int) -> None:
         with self._lock:
             self.preferred = index
+
+
+class _Refused(Exception):
+    """The connection to an endpoint could not be made: nothing was sent."""
+
+    def __init__(self, error: etcd_errors.Etcd3Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 def _not_sent(exc: BaseException) -> bool:
@@ -227,8 +269,12 @@ def _said(exc: etcd_errors.Etcd3Exception) -> str:
     return " ".join(str(part) for part in (exc.detail_text, *exc.args[1:]) if part).strip()
 
 
+def _electing(text: str) -> bool:
+    return "leader changed" in text or "no leader" in text or "timed out" in text
+
+
 def _hint(text: str) -> str:
-    if "leader changed" in text or "no leader" in text or "timed out" in text:
+    if _electing(text):
         return " The cluster is electing a leader: the call can be retried in a moment."
     if "too many operations in txn" in text:
         return " Raise the members' --max-txn-ops (128 by default), or use fewer permits."
