@@ -3,12 +3,12 @@
 The campaign takes KEY's lease when it is free and starts the supervisor
 (:mod:`django_locks.supervise`), which starts COMMAND with the fencing token in
 ``DJANGO_LOCKS_FENCING_TOKEN``. While leading, each deadline a renewal confirmed goes to the
-supervisor over a pipe; the supervisor alone times COMMAND's end (SIGTERM at the deadline minus
-the grace, SIGKILL at the deadline), so a killed or stopped ``run_leader`` cannot leave COMMAND
-running past the lease. When COMMAND exits, the lease is handed back and the campaign waits
-(growing waits, ``POLICY.exec_restart_delay``) before it campaigns again. A refused renewal
-stops COMMAND at once (SIGKILL after the grace) and the campaign goes on. A stop (SIGTERM or
-SIGINT to ``run_leader``) is forwarded; the lease is handed back once COMMAND is gone.
+supervisor over a pipe; the supervisor alone times COMMAND's end (SIGTERM at the deadline minus the
+grace, SIGKILL 20 ms before the deadline), so a killed or stopped ``run_leader`` cannot leave
+COMMAND running past the lease. When COMMAND exits, the lease is handed back and the campaign waits
+(growing waits, ``POLICY.exec_restart_delay``) before it campaigns again. A refused renewal stops
+COMMAND at once (SIGKILL after the grace) and the campaign goes on. A stop (SIGTERM or SIGINT to
+``run_leader``) is forwarded; the lease is handed back once COMMAND is gone.
 """
 
 from __future__ import annotations

@@ -2,13 +2,13 @@
 
 ``run_leader`` starts ``python -m django_locks.supervise --fd N --grace G --deadline D -- COMMAND``
 right after it won the key. This process holds the lease's *holder deadline*, never the lease: it
-reads each deadline a renewal confirmed from the pipe on fd ``N`` (``deadline <seconds>`` lines,
-in ``time.monotonic()`` seconds: CLOCK_MONOTONIC, one clock for every process of a Linux
-machine), and on its own timer sends SIGTERM to COMMAND's process group at the deadline minus
-the grace and SIGKILL at the deadline, whatever ``run_leader`` does meanwhile (killed, stopped,
-hung). A ``stop`` line (a stop, a refused renewal) or the pipe closing (``run_leader`` is gone)
-sends SIGTERM at once and SIGKILL after the grace, never later than the deadline. So does a
-SIGTERM to this process.
+reads each deadline a renewal confirmed from the pipe on fd ``N`` (``deadline <seconds>`` lines, in
+``time.monotonic()`` seconds: CLOCK_MONOTONIC, one clock for every process of a Linux machine), and
+on its own timer sends SIGTERM to COMMAND's process group at the deadline minus the grace and
+SIGKILL 20 ms before the deadline (a timer may wake late), whatever ``run_leader`` does meanwhile
+(killed, stopped, hung). A ``stop`` line (a stop, a refused renewal) or the pipe closing
+(``run_leader`` is gone) sends SIGTERM at once and SIGKILL after the grace, never later than the
+deadline. So does a SIGTERM to this process.
 
 COMMAND runs in a session and process group of its own (a terminal's Ctrl-C reaches
 ``run_leader``, which forwards it) and, on Linux, with ``PR_SET_PDEATHSIG`` set to SIGKILL: a
@@ -36,6 +36,9 @@ from django_locks import process
 
 NOT_STARTED = 125
 """The exit code when the deadline was too near to start COMMAND (``deadline - grace`` passed)."""
+KILL_EARLY = 0.02
+"""SIGKILL is sent this long before the deadline: the select() timer of a loaded machine wakes
+a little late, and COMMAND must be dead by the deadline."""
 
 CANNOT_RUN = 127
 """The exit code when COMMAND could not be started (not found, not executable)."""
@@ -85,7 +88,7 @@ class Supervisor:
         self.child = child
         self.grace = grace
         self.terminate_at = deadline - grace
-        self.kill_at = deadline
+        self.kill_at = deadline - KILL_EARLY
         self.terminated = False
         self.killed = False
 
@@ -97,12 +100,12 @@ class Supervisor:
         """A confirmed renewal moved the deadline (ignored once COMMAND is told to stop)."""
         if not self.terminated:
             self.terminate_at = deadline - self.grace
-            self.kill_at = deadline
+            self.kill_at = deadline - KILL_EARLY
 
     def stop(self, now: float) -> None:
         """SIGTERM now, SIGKILL after the grace, never later than the deadline."""
         self.terminate_at = min(self.terminate_at, now)
-        self.kill_at = min(self.kill_at, now + self.grace)
+        self.kill_at = min(self.kill_at, now + self.grace - KILL_EARLY)
         self.act(now)
 
     def act(self, now: float) -> None:
