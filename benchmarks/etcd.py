@@ -205,9 +205,9 @@ def captured(store: Any, pair: Callable[[], None]) -> list[tuple[str, Any]]:
     wire = store._process.get().wire
     call, sent = wire.call, []
 
-    def capture(path: str, body: Any, deadline: float) -> Any:
+    def capture(path: str, body: Any, deadline: float, **how: Any) -> Any:
         sent.append((path, body))
-        return call(path, body, deadline)
+        return call(path, body, deadline, **how)
 
     wire.call = capture
     try:
@@ -322,10 +322,10 @@ class WireCounter:
         self.streams = 0
         call, stream = process.wire.call, process.watch._stream
 
-        def counted_call(path: str, body: Any, deadline: float) -> Any:
+        def counted_call(path: str, body: Any, deadline: float, **how: Any) -> Any:
             with self._mutex:
                 self.calls[path, threading.current_thread().name] += 1
-            return call(path, body, deadline)
+            return call(path, body, deadline, **how)
 
         def counted_stream() -> None:
             with self._mutex:

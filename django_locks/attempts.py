@@ -12,7 +12,7 @@ from django_locks.lock import Lock
 from django_locks.owners import new_owner
 from django_locks.policy import POLICY
 from django_locks.renewal import Keeper
-from django_locks.stores.base import PermitGrant, require_permits
+from django_locks.stores.base import PermitGrant, require_permits, slot_of
 
 if TYPE_CHECKING:
     from django_locks.service import Locks
@@ -68,6 +68,10 @@ def try_once(
         token, permit = token
     elif not isinstance(token, int):
         return token
+    # A store may say the lease's time began before the send (etcd: a shared lease kept alive
+    # shortly before): the deadline and renewals count from then.
+    lease_key = store_key if permit is None else slot_of(store_key, permit)
+    sent -= store.acquired_lag(lease_key, owner)
     keeper = Keeper(
         store=store,
         clock=clock,

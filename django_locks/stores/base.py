@@ -172,6 +172,10 @@ class LockStore:
         and the holder's deadline use): etcd rounds up to whole seconds and a minimum."""
         return ttl_ms
 
+    def acquired_lag(self, key: str, owner: str) -> float:
+        """No I/O, just after an acquire: seconds before its send the lease's time began (0)."""
+        return 0.0
+
     def renew(self, key: str, owner: str, ttl_ms: int, *, timeout: float | None = None) -> Renewed:
         """Move the expiry of ``owner``'s live lease on ``key`` to ``ttl_ms`` from now.
 

@@ -215,6 +215,25 @@ class LockStoreContract(OptionalCapabilityCases, PreemptCases, TickCases, Holder
             self.assertEqual(self.store.effective_ttl_ms(ttl_ms), effective)
             self.store.release(self.key(f"e{ttl_ms}"), owner)  # a 1 ms lease may be gone
 
+    def test_a_lease_lives_its_effective_ttl_less_its_acquired_lag(self) -> None:
+        # The holder's deadline counts from the send less LockStore.acquired_lag (etcd: a key
+        # put on a shared lease kept alive shortly before lives until that lease's expiry):
+        # the lease is still held then, by the store's own clock.
+        ttl_ms = self.short_ttl_ms
+        first, second = new_owner(), new_owner()
+        self.assertIsNotNone(self.store.acquire(self.key("lag-a"), first, ttl_ms))
+        time.sleep(ttl_ms / 1000 / 10)
+        sent = time.monotonic()
+        self.assertIsNotNone(self.store.acquire(self.key("lag-b"), second, ttl_ms))
+        lag = self.store.acquired_lag(self.key("lag-b"), second)
+        effective = self.store.effective_ttl_ms(ttl_ms) / 1000
+        self.assertGreaterEqual(lag, 0)
+        self.assertLessEqual(lag, effective / 3)  # at least two thirds of the ttl left
+        time.sleep(max(sent + (effective - lag) * 0.9 - time.monotonic(), 0))
+        self.assertIsNone(self.store.acquire(self.key("lag-b"), new_owner(), ttl_ms))
+        self.store.release(self.key("lag-a"), first)
+        self.store.release(self.key("lag-b"), second)
+
     def test_the_shortest_ttl_1_ms(self) -> None:
         owner = new_owner()
         token = self.store.acquire(self.key(), owner, 1)

@@ -27,14 +27,17 @@ def make_store(endpoints: list[str], **options: Any) -> EtcdStore:
 
 
 class Counting:
-    """Counts this process's calls of a store's Wire (each one HTTP round trip), by path."""
+    """Counts the calls of a store's Wire (each one HTTP round trip) by the thread that made
+    this, by path (not the renewal thread's)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls: list[str] = []
         original = Wire.call
+        mine = threading.get_ident()
 
         def call(wire: Wire, path: str, body: Any, deadline: float, **how: Any) -> Any:
-            self.calls.append(path)
+            if threading.get_ident() == mine:
+                self.calls.append(path)
             return original(wire, path, body, deadline, **how)
 
         monkeypatch.setattr(Wire, "call", call)
@@ -91,6 +94,34 @@ def test_renew_many_of_a_thousand_locks_is_two_round_trips_and_answers_per_key(
     info = store.lease("k8")
     assert info is not None and info.expires_in is not None
     assert info.expires_in.total_seconds() <= 10
+
+
+def test_an_acquire_soon_after_a_keepalive_is_one_txn_its_deadline_counted_from_it(
+    etcd: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = make_store(etcd.endpoints)
+    locks = Locks(store, ttl=6)
+    first = locks.acquire("first")  # a new shared lease: granted, then one Txn
+    assert first is not None
+    time.sleep(0.5)
+    counting = Counting(monkeypatch)
+    sent = time.monotonic()
+    second = locks.acquire("second")
+    assert second is not None
+    assert counting.calls == ["kv/txn"], counting.calls  # no keepalive: the lease has 5.5 s
+    lag = store.acquired_lag("second", second._keeper.owner)
+    assert 0.4 < lag < 2, lag  # within a renewal period (2 s) of the lease's last keepalive
+    assert second._keeper.deadline < sent + 6 * 0.99 - lag + 0.05
+    # The locks' renewals keep the lease alive every 2 s: no acquire needs a keepalive now.
+    time.sleep(2.5)
+    counting.calls.clear()
+    third = locks.acquire("third")
+    assert third is not None and 0 <= store.acquired_lag("third", third._keeper.owner) <= 2
+    assert counting.calls == ["kv/txn"], counting.calls
+    time.sleep(5)  # past every lock's ttl: renewed all along
+    assert first.held and second.held and third.held
+    for lock in (first, second, third):
+        lock.release()
 
 
 def test_a_key_force_released_by_another_process_is_refused_at_the_next_renewal(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 
+from django_locks.policy import POLICY
 from django_locks.stores import runtime
 from django_locks.stores.etcd import records
 from django_locks.stores.etcd.leases import Granted, ProcessLeases
@@ -46,15 +47,21 @@ class Calls:
     def _shared(self, ttl_ms: int, deadline: float) -> Granted:
         return self._process.get().leases.shared(ttl_ms, deadline)
 
-    def _outlives(self, granted: Granted, since: float, deadline: float) -> bool:
+    def _outlives(self, granted: Granted, since: float, deadline: float) -> float | None:
         """After a key was put on the shared lease ``granted`` by a call that began at
-        ``since``: keep the lease alive unless this process did since then, so that the key
-        lives its whole ttl from the holder's send time, not what the lease had left. ``False``
-        when the lease had expired meanwhile (the key went with it: not acquired). Only after a
-        success: a failed acquire must not extend the process's other keys on that lease."""
-        if granted.kept_at >= since:
-            return True
-        return self._process.get().leases.keepalive(granted, deadline)
+        ``since``: how long before ``since`` the key's life began (its *lag*, which the holder's
+        deadline counts back by: :meth:`EtcdStore.acquired_lag`), or ``None`` when the lease had
+        expired meanwhile (the key went with it: not acquired). A lease kept alive within a
+        renewal period before the call leaves the key at least two thirds of its ttl, as a lock
+        has just before its renewal: no request more. Else it is kept alive now (one round trip
+        more: the key lives its whole ttl from ``since``). Only after a success: a failed
+        acquire must not extend the process's other keys on that lease."""
+        lag = since - granted.kept_at
+        if lag <= 0:
+            return 0.0
+        if lag <= granted.ttl_s / POLICY.renew_divisor:
+            return lag
+        return 0.0 if self._process.get().leases.keepalive(granted, deadline) else None
 
     def _decoded(self, kvs: list[Json]) -> Record | None:
         return records.decode(self.layout, kvs[0]) if kvs else None

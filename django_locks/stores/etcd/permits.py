@@ -117,6 +117,10 @@ class Permits(PermitEnds):
                 continue
             token = own.token if own is not None else revision
             preempted = own is not None and _names(responses[1], token)
+            # Kept alive after the Txn unless it was shortly before (``_outlives``).
+            lag = self._outlives(granted, since, deadline)
+            if lag is None:
+                return None
             self._process.get().watch.hold(
                 pops.slot_name(self.layout, key, permit),
                 owner,
@@ -125,10 +129,8 @@ class Permits(PermitEnds):
                 revision,
                 preempted=preempted,
                 permits=permits,
+                lag=lag,
             )
-            # Kept alive after the Txn: the slot lives its whole ttl, not what the lease had left.
-            if not self._outlives(granted, since, deadline):
-                return None
             return PermitGrant(token, permit)
         if read is not None:  # lost every race: full by now, or other callers were quicker
             plan = self._plan(key, owner, permits, read[0], read[1])

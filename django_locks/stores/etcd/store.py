@@ -100,8 +100,8 @@ class EtcdStore(Permits, Ticks, Listing, LockStore):
     ) -> int | Holder | None:
         """One Txn: created on the shared lease (its token the new ``create_revision``), or,
         nested, re-put by the same owner (the same token), or the holder read; when taken, the
-        shared lease is then kept alive unless this process did so since the call began (one
-        round trip more), so that the key lives its whole ttl, not what the lease had left."""
+        shared lease is then kept alive unless this process did so within a renewal period
+        before the call began (``_outlives``: one round trip more, else the key's lag)."""
         since = time.monotonic()
         deadline = self._deadline(timeout)
         names = self.layout.names(key)
@@ -154,10 +154,19 @@ class EtcdStore(Permits, Ticks, Listing, LockStore):
             preempted = names_token(ops.kvs(nested["responses"][1]), record.token)
         assert record is not None
         watch = self._process.get().watch
-        if not self._outlives(granted, since, deadline):
+        lag = self._outlives(granted, since, deadline)
+        if lag is None:
             return None  # the shared lease expired right after the Txn: the key is gone
-        watch.hold(names.lease, owner, record.token, granted.id, revision, preempted=preempted)
+        watch.hold(
+            names.lease, owner, record.token, granted.id, revision, preempted=preempted, lag=lag
+        )
         return record.token
+
+    def acquired_lag(self, key: str, owner: str) -> float:
+        """No I/O: a key put on a shared lease kept alive shortly before the acquire lives
+        until that lease's expiry, up to a renewal period less than its ttl from the send."""
+        own = self._process.get().watch.own.get(self.layout.names(key).lease)
+        return own.lag if own is not None and own.owner == owner else 0.0
 
     def _refuse_permits(self, key: str, found: Record) -> None:
         if found.owner == PERMITS_OWNER and found.permits is not None:

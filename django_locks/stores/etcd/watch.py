@@ -47,6 +47,7 @@ class Own:
     lost: bool = False
     preempted: bool = False
     permits: int | None = None  # a slot's: its key's permits value (what its record holds)
+    lag: float = 0.0  # seconds before its acquire's send its life began (``_outlives``)
 
 
 class Watch:
@@ -90,13 +91,14 @@ class Watch:
         *,
         preempted: bool = False,
         permits: int | None = None,
+        lag: float = 0.0,
     ) -> None:
         """Record ``lease_key`` as this process's, as read at ``revision`` (its lease and
         whether a preempt request names its token, both read then). Changes the watch delivers
         from revisions up to ``revision`` are older than this and ignored for it."""
         with self._cond:
             self.own[lease_key] = Own(
-                owner, token, lease, revision, preempted=preempted, permits=permits
+                owner, token, lease, revision, preempted=preempted, permits=permits, lag=lag
             )
         self.ensure()
 
