@@ -110,11 +110,7 @@ class EtcdStore(Permits, Ticks, Listing, LockStore):
             value = records.value(owner, holder, self.effective_ttl_ms(ttl_ms), _now_ms())
             body = {
                 "compare": [ops.absent(names.lease)],
-                "success": [
-                    ops.put(names.lease, value, granted.id),
-                    ops.delete(names.preempt),
-                    ops.get(names.lease),
-                ],
+                "success": [ops.put(names.lease, value, granted.id), ops.delete(names.preempt)],
                 "failure": [
                     ops.txn(
                         ops.owned_by(names.lease, records.owner_prefix(owner)),
@@ -140,7 +136,7 @@ class EtcdStore(Permits, Ticks, Listing, LockStore):
         revision = int(reply["header"]["revision"])
         preempted = False
         if reply.get("succeeded"):
-            record = self._decoded(ops.kvs(reply["responses"][2]))
+            token = revision  # the key's create_revision: the Txn's own revision
         else:
             nested = reply["responses"][0]["response_txn"]
             found = self._decoded(ops.kvs(nested["responses"][-1]))
@@ -149,18 +145,15 @@ class EtcdStore(Permits, Ticks, Listing, LockStore):
                     return None  # gone since the compare: the caller tries again
                 self._refuse_permits(key, found)
                 return found.holder()
-            record = found
-            assert record is not None
-            preempted = names_token(ops.kvs(nested["responses"][1]), record.token)
-        assert record is not None
+            assert found is not None
+            token = found.token
+            preempted = names_token(ops.kvs(nested["responses"][1]), token)
         watch = self._process.get().watch
         lag = self._outlives(granted, since, deadline)
         if lag is None:
             return None  # the shared lease expired right after the Txn: the key is gone
-        watch.hold(
-            names.lease, owner, record.token, granted.id, revision, preempted=preempted, lag=lag
-        )
-        return record.token
+        watch.hold(names.lease, owner, token, granted.id, revision, preempted=preempted, lag=lag)
+        return token
 
     def acquired_lag(self, key: str, owner: str) -> float:
         """No I/O: a key put on a shared lease kept alive shortly before the acquire lives
