@@ -213,6 +213,74 @@ def test_a_ttl_below_the_effective_ttl_is_said_with_what_etcd_does(etcd, ttl, li
         "minimum lease TTL, 2 s here (about 1.5 x the members' --election-timeout)" in message.msg
     )
     assert f"takeover (P5) takes up to {lives} s" in message.msg
+    assert f"Set LOCKS['TTL'] to at least '{lives}s'" in message.hint
+    assert "--election-timeout" in message.hint
+
+
+def test_the_checks_grant_leaves_no_lease_behind(etcd, healthy_ttl):
+    client = etcd.member(0).client()
+
+    def leases() -> set[str]:
+        reply = client.post(client.get_url("lease/leases"), json={})
+        return {lease["ID"] for lease in reply.get("leases", ())}
+
+    before = leases()
+    make_store(etcd.endpoints).check(deploy=True)
+    assert leases() <= before  # the 2 s lease it was granted is revoked at once
+
+
+def test_endpoints_naming_some_members_only(etcd, healthy_ttl):
+    [message] = make_store(etcd.endpoints[:1]).check(deploy=True)
+    assert message.id == "django_locks.W305"
+    assert "lists 1 of the 3 members" in message.msg
+    for member in etcd.members[1:]:
+        assert f"{member.name} ({member.url})" in message.msg
+        assert repr(member.url) in message.hint
+
+
+@pytest.fixture
+def lone_member() -> Iterator[Any]:
+    """A cluster of one member, of its own (the suite's is three)."""
+    from tests.servers.etcd import EtcdCluster
+
+    cluster = EtcdCluster(size=1)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.destroy()
+
+
+def test_fewer_than_three_members_is_one_loss_from_stopping(lone_member, healthy_ttl):
+    [message] = make_store(lone_member.endpoints).check(deploy=True)
+    assert message.id == "django_locks.W304"
+    assert "has 1 voting member: the loss of one member" in message.msg
+    assert "stops the lock store" in message.msg
+    assert "etcdctl member add" in message.hint
+
+
+@pytest.mark.parametrize(
+    ("version", "warned"),
+    [("3.3.25", True), ("2.3.8", True), ("3.4.0", False), ("3.4.23", False), ("3.6.1", False)],
+)
+def test_etcd_below_3_4_is_unsupported(version, warned):
+    # Only 3.4 is installed here: the version read from each member is checked by its rule.
+    message = version_message("member m0 at http://10.0.0.1:2379", version)
+    if not warned:
+        assert message is None
+        return
+    assert message is not None
+    assert message.id == "django_locks.W306"
+    assert f"runs etcd {version}: EtcdStore needs etcd 3.4 or later" in message.msg
+    assert "/v3/" in message.msg and "nested" in message.msg
+    assert "Upgrade the members" in message.hint
+
+
+def test_the_real_members_version_is_read(etcd):
+    from django_locks.stores.etcd.checks import probe_all
+
+    probes = probe_all(make_store(etcd.endpoints).endpoints)
+    assert [probe.version for probe in probes] == ["3.4.23"] * 3
+    assert version_message("x", probes[0].version) is None
 
 
 @pytest.mark.parametrize(
