@@ -60,7 +60,7 @@ def test_an_unknown_option_is_named_with_the_stores_options(etcd):
             call_command("check", "--tag", "django_locks")
     text = str(raised.value)
     assert "django_locks.E001" in text and "'hosts'" in text
-    assert "its options are 'endpoints', 'prefix', 'timeout'" in text
+    assert "its options are 'ca_cert', 'cert', 'endpoints', 'key', 'password', 'prefix'" in text
 
 
 @pytest.mark.django_db

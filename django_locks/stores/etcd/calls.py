@@ -10,6 +10,7 @@ from django_locks.stores import runtime
 from django_locks.stores.etcd import records
 from django_locks.stores.etcd.leases import Granted, ProcessLeases
 from django_locks.stores.etcd.records import Layout, Record
+from django_locks.stores.etcd.security import Security
 from django_locks.stores.etcd.watch import Watch
 from django_locks.stores.etcd.wire import Json, Wire
 
@@ -18,8 +19,10 @@ class Process:
     """What one process keeps per store: the clients, its leases, its watch, its id (the name
     of its heartbeat key)."""
 
-    def __init__(self, endpoints: list[tuple[str, str, int]], what: str, layout: Layout) -> None:
-        self.wire = Wire(endpoints, what)
+    def __init__(
+        self, endpoints: list[tuple[str, str, int]], what: str, layout: Layout, security: Security
+    ) -> None:
+        self.wire = Wire(endpoints, what, security)
         self.leases = ProcessLeases(self.wire)
         self.watch = Watch(self.wire, layout.root, layout.leases, layout.preempts)
         self.id = uuid.uuid4().hex

@@ -25,6 +25,8 @@ from django_locks.durations import timeout_seconds
 from django_locks.exceptions import StoreError
 from django_locks.policy import POLICY
 from django_locks.stores.etcd.leases import Granted
+from django_locks.stores.etcd.security import OPTIONS as SECURITY_OPTIONS
+from django_locks.stores.etcd.security import Security, security_problem
 from django_locks.stores.etcd.wire import Json, Wire
 
 if TYPE_CHECKING:
@@ -44,8 +46,9 @@ OPTION = "LOCKS['OPTIONS']"
 
 
 def option_messages(options: dict[str, Any]) -> list[Any]:
-    """E301 (``endpoints``), E302 (``prefix``), E303 (``timeout``): what keeps the store from
-    being built, each naming the option and its rule. Options not given take the defaults."""
+    """E301 (``endpoints``), E302 (``prefix``), E303 (``timeout``), E304 (the TLS and auth
+    options): what keeps the store from being built, each naming the option and its rule.
+    Options not given take the defaults."""
     found = []
     if "endpoints" in options:
         problem = endpoints_problem(options["endpoints"])
@@ -83,6 +86,19 @@ def option_messages(options: dict[str, Any]) -> list[Any]:
                     id="django_locks.E303",
                 )
             )
+    given = {name: options.get(name) for name in SECURITY_OPTIONS}
+    problem = security_problem(*given.values())
+    if problem:
+        found.append(
+            checks.Error(
+                f"{OPTION}: {problem}.",
+                hint=f"Set {OPTION}['ca_cert'] to the CA bundle that signed the members' "
+                "certificates, 'cert' and 'key' to this client's certificate and key (PEM "
+                "paths), 'user' and 'password' to an etcd user's (docs: the etcd store's "
+                "options).",
+                id="django_locks.E304",
+            )
+        )
     return found
 
 
@@ -157,7 +173,7 @@ class Probe:
 
 def store_messages(store: EtcdStore) -> list[Any]:
     """W301-W308 for ``store``'s cluster (``check --deploy`` / ``--database``)."""
-    probes = probe_all(store.endpoints)
+    probes = probe_all(store.endpoints, store._process.get().wire.security)
     answering = [probe for probe in probes if probe.status is not None]
     found = [version_message(probe.who, probe.version) for probe in probes]
     found = [message for message in found if message is not None]
@@ -171,7 +187,7 @@ def store_messages(store: EtcdStore) -> list[Any]:
                 id="django_locks.W301",
             )
         ]
-    members = _members(answering[0])
+    members = _members(answering[0], store._process.get().wire.security)
     _name(probes, members)
     found += _unreachable(probes)
     found += _leaderless(answering, len(members) if members else None)
@@ -183,21 +199,26 @@ def store_messages(store: EtcdStore) -> list[Any]:
     return found
 
 
-def probe_all(endpoints: Sequence[tuple[str, str, int]]) -> list[Probe]:
+def probe_all(
+    endpoints: Sequence[tuple[str, str, int]], security: Security | None = None
+) -> list[Probe]:
     """Every endpoint's status, asked at once (so that paused members cost one timeout)."""
+    security = security or Security()
     with ThreadPoolExecutor(max_workers=len(endpoints)) as pool:
-        return list(pool.map(_probe, endpoints))
+        return list(pool.map(lambda endpoint: _probe(endpoint, security), endpoints))
 
 
-def _client(endpoint: tuple[str, str, int]) -> Etcd3Client:
-    protocol, host, port = endpoint
-    client = Etcd3Client(host=host, port=port, protocol=protocol, api_path="/v3/")
+def _client(endpoint: tuple[str, str, int], security: Security) -> Etcd3Client:
+    client = security.client(*endpoint)
     client.timeout = CHECK_TIMEOUT
+    if security.ca_cert is not None:
+        client.session.trust_env = False  # REQUESTS_CA_BUNDLE must not replace ca_cert
+        client.session.verify = str(security.ca_cert)
     return client
 
 
-def _probe(endpoint: tuple[str, str, int]) -> Probe:
-    client = _client(endpoint)
+def _probe(endpoint: tuple[str, str, int], security: Security) -> Probe:
+    client = _client(endpoint, security)
     probe = Probe(endpoint, client.base_url)
     try:
         status: Json = client.post(client.get_url("maintenance/status"), json={})
@@ -241,9 +262,9 @@ def version_message(who: str, version: str | None) -> Any | None:
     )
 
 
-def _members(probe: Probe) -> list[Json] | None:
+def _members(probe: Probe, security: Security) -> list[Json] | None:
     """The voting members (learners left out), asked of an answering endpoint."""
-    client = _client(probe.endpoint)
+    client = _client(probe.endpoint, security)
     try:
         reply: Json = client.post(client.get_url("cluster/member/list"), json={})
     except (etcd_errors.Etcd3Exception, ValueError):

@@ -30,6 +30,7 @@ from django_locks.stores.etcd.listing import Listing
 from django_locks.stores.etcd.permits import Permits
 from django_locks.stores.etcd.records import Layout, Record
 from django_locks.stores.etcd.renewals import names_token
+from django_locks.stores.etcd.security import Security, security_problem
 from django_locks.stores.etcd.ticks import Ticks
 from django_locks.stores.etcd.wire import LeaseNotFound
 
@@ -40,7 +41,9 @@ class EtcdStore(Permits, Ticks, Listing, LockStore):
 
     Options (``LOCKS["OPTIONS"]``): ``endpoints`` (a list of ``http://host:port`` or
     ``https://...`` URLs of the cluster's members), ``prefix`` (keys live under
-    ``<prefix>/``), ``timeout`` (a duration: the default bound of a call). Built without I/O;
+    ``<prefix>/``), ``timeout`` (a duration: the default bound of a call); TLS: ``ca_cert``
+    (the CA bundle that signed the members' certificates), ``cert`` and ``key`` (a client
+    certificate and its key); auth: ``user`` and ``password``. Built without I/O;
     connects on first use; safe from any thread and across ``fork()``.
 
     Permits (``permits.py``) keep each slot on a key of its own, ``<key>#<n>``, and the key's
@@ -57,6 +60,11 @@ class EtcdStore(Permits, Ticks, Listing, LockStore):
         endpoints: Sequence[str] = ("http://127.0.0.1:2379",),
         prefix: str = "django_locks",
         timeout: Duration = 5,
+        ca_cert: str | None = None,
+        cert: str | None = None,
+        key: str | None = None,
+        user: str | None = None,
+        password: str | None = None,
     ) -> None:
         if isinstance(endpoints, str):
             endpoints = [endpoints]
@@ -68,8 +76,12 @@ class EtcdStore(Permits, Ticks, Listing, LockStore):
         self.prefix = prefix
         self.timeout = timeout_seconds(timeout, name="timeout")
         self.layout = Layout(prefix)
+        problem = security_problem(ca_cert, cert, key, user, password)
+        if problem:
+            raise ValueError(f"EtcdStore: {problem}")
+        security = Security(ca_cert, cert, key, user, password)
         endpoints_, what, layout = self.endpoints, str(self), self.layout
-        self._process = runtime.ProcessLocal(lambda: Process(endpoints_, what, layout))
+        self._process = runtime.ProcessLocal(lambda: Process(endpoints_, what, layout, security))
         # A store dropped without close() ends its watch thread too (nothing above holds self).
         weakref.finalize(self, _stop_watch, self._process)
 

@@ -174,6 +174,8 @@ class Watch:
     def _stream(self) -> None:
         index = self._wire.preferred
         client = self._wire.client(index)
+        # After a failure the auth token is asked for afresh (it may be what expired).
+        self._wire.authorize(client, POLICY.etcd_watch_connect, afresh=self.failing)
         request: dict[str, Any] = {"key": b64(self._root), "range_end": b64(range_end(self._root))}
         if self.start >= 0:
             request["start_revision"] = str(self.seen + 1)
@@ -182,6 +184,7 @@ class Watch:
             json={"create_request": request},
             stream=True,
             timeout=(POLICY.etcd_watch_connect, POLICY.etcd_watch_read),
+            **self._wire.security.per_request,
         ) as response:
             self._response = response
             if self._stopped:

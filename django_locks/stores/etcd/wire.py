@@ -13,11 +13,14 @@ the store handles (:class:`LeaseNotFound`).
 from __future__ import annotations
 
 import base64
+import re
+import ssl
 import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
+import requests
 import urllib3
 from etcd3gw import exceptions as etcd_errors
 from etcd3gw.client import Etcd3Client
@@ -25,7 +28,7 @@ from etcd3gw.client import Etcd3Client
 from django_locks.durations import MAX_DURATION_MS
 from django_locks.exceptions import StoreError, StoreTimeoutError
 from django_locks.policy import POLICY
-from django_locks.stores import runtime
+from django_locks.stores.etcd.security import Security
 
 Json = dict[str, Any]
 
@@ -114,12 +117,16 @@ def kvs(response: Json) -> list[Json]:
 class Wire:
     """The endpoints of one store, for this process: one client per endpoint and thread."""
 
-    def __init__(self, endpoints: Sequence[tuple[str, str, int]], what: str) -> None:
+    def __init__(
+        self, endpoints: Sequence[tuple[str, str, int]], what: str, security: Security
+    ) -> None:
         self.endpoints = list(endpoints)
         self.what = what
+        self.security = security
         self._local = threading.local()
         self.preferred = 0  # the endpoint that answered last
         self._lock = threading.Lock()
+        self._token: str | None = None  # etcd's auth token, shared by this process's threads
 
     def client(self, index: int) -> Etcd3Client:
         clients: dict[int, Etcd3Client] | None = getattr(self._local, "clients", None)
@@ -127,12 +134,25 @@ class Wire:
             clients = self._local.clients = {}
         client = clients.get(index)
         if client is None:
-            protocol, host, port = self.endpoints[index]
-            # /v3/ is etcd 3.4's gateway path: no discovery round trip (the check reads the
-            # version).
-            client = Etcd3Client(host=host, port=port, protocol=protocol, api_path="/v3/")
-            clients[index] = client
+            client = clients[index] = self.security.client(*self.endpoints[index])
         return client
+
+    def authorize(self, client: Etcd3Client, timeout: float, *, afresh: bool = False) -> None:
+        """With ``user``: put this process's etcd auth token on ``client``'s session, asking
+        etcd for one first (``auth/authenticate``) when there is none yet or ``afresh``."""
+        if self.security.user is None:
+            return
+        with self._lock:
+            token = None if afresh else self._token
+        if token is None:
+            client.session.headers.pop("Authorization", None)
+            body = {"name": self.security.user, "password": self.security.password or ""}
+            client.timeout = timeout
+            url = client.get_url("auth/authenticate")
+            token = str(client.post(url, json=body, **self.security.per_request)["token"])
+            with self._lock:
+                self._token = token
+        client.session.headers["Authorization"] = token
 
     def close(self) -> None:
         """Close the calling thread's sessions (other threads' close as they end)."""
@@ -200,10 +220,24 @@ class Wire:
         connection could not be made, ``StoreTimeoutError`` when the call may have been
         applied."""
         client = self.client(index)
-        client.timeout = budget
+        per_request = self.security.per_request
         try:
-            reply: Json = client.post(client.get_url(path), json=body)
+            self.authorize(client, budget)
+            client.timeout = budget
+            try:
+                reply: Json = client.post(client.get_url(path), json=body, **per_request)
+            except etcd_errors.Etcd3Exception as exc:
+                if "invalid auth token" not in f"{exc.detail_text or ''} {exc}":
+                    raise
+                self.authorize(client, budget, afresh=True)  # it expired: once more
+                reply = client.post(client.get_url(path), json=body, **per_request)
         except etcd_errors.ConnectionFailedError as exc:
+            tls = _tls_failure(exc)
+            if tls is not None:  # the handshake failed: nothing was sent
+                where, hint = self.endpoint(index), _tls_hint(tls, self.security.cert is not None)
+                raise StoreError(
+                    f"The TLS handshake with etcd at {where} failed ({tls}).{hint}"
+                ) from exc
             if _not_sent(exc):
                 raise _Refused(exc) from exc
             # A 503 ("etcdserver: request timed out" after a leader change: a write through a
@@ -229,8 +263,9 @@ class Wire:
                     f"etcd at {self.endpoint(index)} failed the call ({_said(exc)}); it may "
                     f"have been applied.{_hint(text)}"
                 ) from exc
-            raise runtime.translated(
-                exc, f"etcd at {self.endpoint(index)}", timed_out=False, hint=_hint(text)
+            said = _said(exc).rstrip(".")
+            raise StoreError(
+                f"etcd at {self.endpoint(index)} failed a lock store call: {said}.{_hint(text)}"
             ) from exc
         return reply
 
@@ -265,6 +300,42 @@ def _not_sent(exc: BaseException) -> bool:
     return "Failed to establish a new connection" in str(exc)
 
 
+def _tls_failure(exc: BaseException) -> str | None:
+    """The TLS error under ``exc`` (its reason, as OpenSSL words it), or ``None``."""
+    cause: BaseException | None = exc.__context__
+    for _ in range(8):
+        if cause is None:
+            return None
+        if isinstance(cause, ssl.SSLError):
+            return str(cause.reason or cause)
+        if isinstance(cause, requests.exceptions.SSLError):
+            reason = re.search(r"\[SSL: ([A-Z0-9_]+)\]|(EOF occurred[^(']*)", str(cause))
+            found = next((g for g in reason.groups() if g), None) if reason else None
+            return (found or str(cause)).strip()
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
+def _tls_hint(reason: str, with_cert: bool) -> str:
+    if "VERIFY_FAILED" in reason or "verify failed" in reason:
+        return (
+            " Set the store's `ca_cert` to the CA bundle that signed the members' certificates "
+            "(their --trusted-ca-file's CA, or whichever signed --cert-file)."
+        )
+    if "WRONG_VERSION_NUMBER" in reason:
+        return " The member answers plain http on this port: list it as http://."
+    if with_cert:
+        return (
+            " The member refused this client's certificate: set `cert` and `key` to one "
+            "signed by its --trusted-ca-file."
+        )
+    return (
+        " The member ended the handshake: it serves plain http on this port (list it as "
+        "http://), or it requires a client certificate (--client-cert-auth: set `cert` and "
+        "`key`)."
+    )
+
+
 def _said(exc: etcd_errors.Etcd3Exception) -> str:
     return " ".join(str(part) for part in (exc.detail_text, *exc.args[1:]) if part).strip()
 
@@ -274,6 +345,13 @@ def _electing(text: str) -> bool:
 
 
 def _hint(text: str) -> str:
+    if "authentication failed" in text or "user name is empty" in text:
+        return " Check the store's `user` and `password` (etcdctl user get USER)."
+    if "permission denied" in text:
+        return (
+            " Grant the store's etcd user read and write on its prefix (etcdctl role "
+            "grant-permission ROLE --prefix=true readwrite PREFIX/)."
+        )
     if _electing(text):
         return " The cluster is electing a leader: the call can be retried in a moment."
     if "too many operations in txn" in text:
