@@ -82,12 +82,14 @@ def test_each_refused_option_has_its_error(options, check_id, said):
         EtcdStore(**options)
 
 
-def test_a_mapping_of_endpoints_is_refused_although_the_store_takes_its_keys():
-    # EtcdStore(endpoints={...}) iterates the dict (its keys would be the URLs, in any order a
-    # set would give): the check asks for the list the option is.
+def test_a_mapping_or_set_of_endpoints_is_refused_by_the_check_and_the_store():
+    # EtcdStore(endpoints={...}) iterated the dict (its keys taken as the URLs, in any order a
+    # set would give): the check and the constructor both ask for the list the option is.
     for value in ({"http://h:2379": 1}, {"http://h:2379"}):
         [message] = EtcdStore.check_options({"endpoints": value})
         assert message.id == "django_locks.E301" and "must be a list" in message.msg
+        with pytest.raises(ValueError, match="must be a list"):
+            EtcdStore(endpoints=value)
 
 
 @pytest.mark.parametrize(

@@ -68,8 +68,9 @@ class EtcdStore(Permits, Ticks, Listing, LockStore):
     ) -> None:
         if isinstance(endpoints, str):
             endpoints = [endpoints]
-        if not endpoints:
-            raise ValueError("`endpoints` of EtcdStore must list at least one member's URL")
+        problem = checks.endpoints_problem(endpoints)  # E301's rule: a list, not a dict or set
+        if problem:
+            raise ValueError(f"EtcdStore: {problem}")
         self.endpoints = [_endpoint(url) for url in endpoints]
         if not isinstance(prefix, str) or not prefix or "\x00" in prefix:
             raise ValueError(f"`prefix` of EtcdStore must be a non-empty str, got {prefix!r}")
