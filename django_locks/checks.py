@@ -68,8 +68,9 @@ def check_production(
         checks.Error(
             "LOCKS['BACKEND'] is the InMemoryStore, which only protects one process: every "
             "instance of the deployed project would run the jobs meant to run once.",
-            hint="Use 'django_locks.stores.DatabaseStore' or 'django_locks.stores.RedisStore' in "
-            "the production settings (the in-memory store is for development and tests), or set "
+            hint="Use 'django_locks.stores.DatabaseStore', 'django_locks.stores.RedisStore' or "
+            "'django_locks.stores.EtcdStore' in the production settings (the in-memory store "
+            "is for development and tests), or set "
             "LOCKS['ALLOW_IN_MEMORY_STORAGE'] = True if one process is really all you run.",
             id="django_locks.E002",
         )

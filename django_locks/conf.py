@@ -241,7 +241,8 @@ def refuse_in_memory_in_production(config: LocksSettings, *, debug: bool) -> Non
         raise ImproperlyConfigured(
             "LOCKS['BACKEND'] is the InMemoryStore while DEBUG is False: it only protects one "
             "process, so every instance would run the jobs it is meant to run once. Use "
-            "'django_locks.stores.DatabaseStore' or 'django_locks.stores.RedisStore', or set "
+            "'django_locks.stores.DatabaseStore', 'django_locks.stores.RedisStore' or "
+            "'django_locks.stores.EtcdStore', or set "
             "LOCKS['ALLOW_IN_MEMORY_STORAGE'] = True if you really mean it."
         )
 

@@ -65,6 +65,7 @@ def test_e002_hint_tells_the_fix_whatever_debug_is(capsys) -> None:
         assert text.count("django_locks.E002") == 1
         assert "DEBUG is False" not in text
         assert "django_locks.stores.DatabaseStore" in text
+        assert "django_locks.stores.EtcdStore" in text
 
 
 def follow(hint: str, using: str) -> None:

@@ -59,6 +59,8 @@ BAD_OPTIONS = [
     ({"endpoints": ["http://h:2379", "http://h:99999"]}, "E301", "got 'http://h:99999'"),
     ({"endpoints": ["http://h:port"]}, "E301", "URL with a host"),
     ({"endpoints": [None]}, "E301", "got None"),
+    ({"endpoints": ["http://h:2379/etcd"]}, "E301", "no path, query or user"),
+    ({"endpoints": ["http://root:pw@h:2379"]}, "E301", "no path, query or user"),
     ({"prefix": ""}, "E302", "must be a non-empty str"),
     ({"prefix": 7}, "E302", "got 7"),
     ({"prefix": "a\x00b"}, "E302", "without NUL"),
@@ -89,7 +91,7 @@ def test_a_mapping_or_set_of_endpoints_is_refused_by_the_check_and_the_store():
         [message] = EtcdStore.check_options({"endpoints": value})
         assert message.id == "django_locks.E301" and "must be a list" in message.msg
         with pytest.raises(ValueError, match="must be a list"):
-            EtcdStore(endpoints=value)
+            EtcdStore(endpoints=value)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -142,6 +144,16 @@ def test_no_io_without_deploy_or_databases():
     assert time.monotonic() - started < 0.5
 
 
+def test_an_unresolvable_host_and_a_peer_port_are_named_as_such(etcd, healthy_ttl):
+    peer = etcd.member(0).peer_url
+    [message] = make_store(["http://no-such-host.invalid:2379", peer]).check(deploy=True)
+    assert message.id == "django_locks.W301"
+    assert "no-such-host.invalid:2379 could not be connected to: its host name does not " in (
+        message.msg
+    )
+    assert "this looks like a member's peer URL (--listen-peer-urls" in message.msg
+
+
 def test_silent_on_a_healthy_cluster(etcd, healthy_ttl):
     store = make_store(etcd.endpoints)
     assert store.check(deploy=True) == []
@@ -157,6 +169,9 @@ def test_a_killed_member_is_named_and_the_rest_still_checked(etcd, healthy_ttl):
     member = etcd.member(index)
     assert "1 of the 3 etcd endpoints" in message.msg
     assert f"member {member.name} at {member.url} could not be connected to" in message.msg
+    # What happens next, exactly (the outsider's "may stop" said too little).
+    assert "goes on through the other members while a majority (2 of 3) answers" in message.msg
+    assert "one more member lost and no lock can be taken, renewed or released" in message.msg
     assert "etcdctl member remove" in message.hint
 
 

@@ -17,23 +17,19 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from django.core import checks
-from django.core.exceptions import ImproperlyConfigured
 from etcd3gw import exceptions as etcd_errors
 from etcd3gw.client import Etcd3Client
 
 from django_locks.durations import timeout_seconds
-from django_locks.exceptions import StoreError
-from django_locks.policy import POLICY
-from django_locks.stores.etcd.leases import Granted
+from django_locks.stores.etcd import ttl_checks
 from django_locks.stores.etcd.security import OPTIONS as SECURITY_OPTIONS
 from django_locks.stores.etcd.security import Security, security_problem
-from django_locks.stores.etcd.wire import Json, Wire
+from django_locks.stores.etcd.ttl_checks import CHECK_TIMEOUT as CHECK_TIMEOUT
+from django_locks.stores.etcd.wire import Json
 
 if TYPE_CHECKING:
     from django_locks.stores.etcd.store import EtcdStore
 
-CHECK_TIMEOUT = 2.0
-"""Seconds each check's calls may take: a check never hangs ``manage.py check``."""
 MIN_VERSION = (3, 4)
 """The oldest etcd the store works with: 3.4 serves the gRPC gateway at ``/v3/``."""
 MIN_MEMBERS = 3
@@ -119,8 +115,8 @@ def endpoints_problem(value: object) -> str | None:
         if not _is_endpoint(url):
             return (
                 f"Each of {OPTION}['endpoints'] must be an http:// or https:// URL with a host "
-                "and an optional port (a member's client URL, as its --advertise-client-urls "
-                f"says: http://10.0.0.1:2379), got {url!r}."
+                "and an optional port, and no path, query or user (a member's client URL, as "
+                f"its --advertise-client-urls says: http://10.0.0.1:2379), got {url!r}."
             )
     return None
 
@@ -133,6 +129,8 @@ def _is_endpoint(url: object) -> bool:
         parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
     except ValueError:
         return False
+    if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
+        return False  # the store calls <host:port>/v3/...: a path would be dropped silently
     return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
@@ -189,13 +187,13 @@ def store_messages(store: EtcdStore) -> list[Any]:
         ]
     members = _members(answering[0], store._process.get().wire.security)
     _name(probes, members)
-    found += _unreachable(probes)
+    found += _unreachable(probes, len(members) if members else None)
     found += _leaderless(answering, len(members) if members else None)
     if members is not None:
         found += _member_count(store, members)
         found += _endpoints_cover(store, members)
     if any(probe.leader for probe in answering):
-        found += ttl_messages(store)
+        found += ttl_checks.ttl_messages(store)
     return found
 
 
@@ -224,11 +222,16 @@ def _probe(endpoint: tuple[str, str, int], security: Security) -> Probe:
         status: Json = client.post(client.get_url("maintenance/status"), json={})
     except etcd_errors.ConnectionTimeoutError:
         probe.failure = f"did not answer within {CHECK_TIMEOUT:g} s (stopped, paused or cut off)"
-    except etcd_errors.ConnectionFailedError:
-        probe.failure = "could not be connected to (not running, or not at this address)"
+    except etcd_errors.ConnectionFailedError as exc:
+        probe.failure = _connection_failure(exc)
     except (etcd_errors.Etcd3Exception, ValueError) as exc:
         text = getattr(exc, "detail_text", None) or str(exc) or type(exc).__name__
         probe.failure = f"answered /v3/maintenance/status with an error ({text.strip()[:200]})"
+        if "404" in str(exc) or "Not Found" in f"{text} {exc}":
+            probe.failure += (
+                ": this looks like a member's peer URL (--listen-peer-urls, 2380 by default); "
+                "list the client URLs (--advertise-client-urls, 2379 by default)"
+            )
         probe.version = _version(client)
     else:
         probe.status = status
@@ -236,6 +239,20 @@ def _probe(endpoint: tuple[str, str, int], security: Security) -> Probe:
     finally:
         client.session.close()
     return probe
+
+
+def _connection_failure(exc: BaseException) -> str:
+    """Why a connection to an endpoint failed, as the check says it."""
+    text = f"{exc} {exc.__context__}"
+    if (
+        "NameResolutionError" in text
+        or "Name or service not known" in text
+        or ("name resolution" in text)
+    ):
+        return "could not be connected to: its host name does not resolve (DNS)"
+    if "SSL" in text:
+        return f"could not be connected to: the TLS handshake failed ({text.strip()[:160]})"
+    return "could not be connected to (not running, or not at this address)"
 
 
 def _version(client: Etcd3Client) -> str | None:
@@ -292,16 +309,26 @@ def _name(probes: list[Probe], members: list[Json] | None) -> None:
                 probe.name = member.get("name") or None
 
 
-def _unreachable(probes: list[Probe]) -> list[Any]:
+def _unreachable(probes: list[Probe], members: int | None) -> list[Any]:
     down = [probe for probe in probes if probe.status is None]
     if not down:
         return []
     said = "; ".join(f"{probe.who} {probe.failure}" for probe in down)
+    total = max(members or len(probes), len(probes))
+    majority = total // 2 + 1
+    spare = total - len(down) - majority
+    if spare > 0:
+        then = f"{spare} more of them may stop before it does"
+    else:
+        then = (
+            "one more member lost and no lock can be taken, renewed or released (held ones "
+            "are lost at their holders' deadlines)"
+        )
     return [
         checks.Warning(
             f"{len(down)} of the {len(probes)} etcd endpoints of the lock store did not answer: "
-            f"{said}. The cluster serves while a majority of its members is up; the loss of "
-            "another member may stop it.",
+            f"{said}. The store goes on through the other members while a majority "
+            f"({majority} of {total}) answers: {then}.",
             hint="Start the member again (or replace it: etcdctl member remove, then member "
             f"add), or take its URL out of {OPTION}['endpoints'] if it left the cluster.",
             id="django_locks.W302",
@@ -375,64 +402,3 @@ def _endpoints_cover(store: EtcdStore, members: list[Json]) -> list[Any]:
             id="django_locks.W305",
         )
     ]
-
-
-def ttl_messages(store: EtcdStore) -> list[Any]:
-    """W307: ``LOCKS["TTL"]`` is below the effective ttl, learnt from one lease grant; W308: it
-    is too short to ride out a leader election."""
-    from django_locks import conf  # conf imports the stores' base
-
-    try:
-        ttl_ms = conf.read().ttl_ms
-    except ImproperlyConfigured:
-        return []  # reported by E001
-    process = store._process.get()
-    deadline = Wire.deadline(CHECK_TIMEOUT)
-    try:
-        granted = process.leases.grant(1, deadline)
-        process.wire.call("lease/revoke", {"ID": str(granted.id)}, deadline)
-    except StoreError as exc:
-        return [
-            checks.Warning(
-                f"django_locks could not learn the minimum lease TTL of the etcd cluster of "
-                f"{store} (a lease grant failed: {exc}), so LOCKS['TTL'] is not checked "
-                "against it.",
-                hint="Run the check again once the cluster answers.",
-                id="django_locks.W307",
-            )
-        ]
-    effective_ms = store.effective_ttl_ms(ttl_ms)
-    messages = [] if effective_ms <= ttl_ms else [_rounded_up(ttl_ms, effective_ms, granted, store)]
-    rides = POLICY.etcd_election_ttl(granted.ttl_s)
-    if effective_ms < rides * 1000:
-        messages.append(
-            checks.Warning(
-                f"LOCKS['TTL'] is {ttl_ms / 1000:g} s, too short to ride out a leader election of "
-                f"the etcd cluster of {store}: a renewal sent as the leader dies is answered "
-                f"once a new leader is elected (up to about two election timeouts; the "
-                f"cluster's minimum lease TTL, {granted.ttl_s} s, is about 1.5 of them) plus "
-                f"one {POLICY.etcd_attempt:g} s attempt, and a renewal has two thirds of the "
-                f"ttl before the holder's deadline. Holders would lose their locks "
-                f'(detected_by="deadline") at each election, although their keys survive.',
-                hint=f"Set LOCKS['TTL'] to at least '{rides}s' (a lock's own ttl too), or lower "
-                "the members' --election-timeout.",
-                id="django_locks.W308",
-            )
-        )
-    return messages
-
-
-def _rounded_up(ttl_ms: int, effective_ms: int, granted: Granted, store: EtcdStore) -> Any:
-    lives, minimum, ttl = effective_ms // 1000, granted.ttl_s, f"{ttl_ms / 1000:g} s"
-    return checks.Warning(
-        f"LOCKS['TTL'] is {ttl}, but a lock lives {lives} s on etcd ({store}): etcd grants "
-        "leases in whole seconds and never shorter than the cluster's minimum lease TTL, "
-        f"{minimum} s here (about 1.5 x the members' --election-timeout). A holder that "
-        f"crashes keeps its locks for {lives} s, so takeover (P5) takes up to {lives} s, "
-        f"plus the election timeout when the leader changed, not {ttl}.",
-        hint=f"Set LOCKS['TTL'] to at least '{lives}s', so that the settings say what etcd "
-        "does (a lock's own ttl below it is rounded up the same way); if locks must lapse "
-        "sooner, lower the members' --election-timeout (and --heartbeat-interval with it), "
-        "which the minimum lease TTL follows.",
-        id="django_locks.W307",
-    )
