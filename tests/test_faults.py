@@ -186,8 +186,11 @@ def test_no_violation_under_etcd_faults(
     print(summary)
     assert report.ok, "\n".join([summary, *report.details[:20]])
     assert report.acquisitions > 10 and report.faults[scenario] >= 2, summary
-    # The faults cost locks, else the run proves nothing.
-    assert sum(report.lost_by.values()) > 0, summary
+    # The faults cost locks, else the run proves nothing; a leader's kill may cost none, since
+    # renewals go to the next member after 1 s (63f4cdc): there the holders killed with it must
+    # have been taken over (p5_excess, below).
+    if scenario != "etcd_leader_kill":
+        assert sum(report.lost_by.values()) > 0, summary
     p99 = report.figures()["lateness_p99_ms"]
     assert math.isnan(p99) or p99 < LATENESS_P99_BOUND_MS, summary
     if scenario == "etcd_leader_kill":
