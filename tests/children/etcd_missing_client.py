@@ -8,19 +8,15 @@ from __future__ import annotations
 
 import sys
 
+from tests.children import startup
+
 
 def main(backend: str) -> None:
     sys.modules["etcd3gw"] = None  # type: ignore[assignment]  # as if not installed
-    import django
     from django.conf import settings
 
     settings.configure(INSTALLED_APPS=["django_locks"], LOCKS={"BACKEND": backend})
-    try:
-        django.setup()
-    except Exception as exc:
-        print(type(exc).__name__, exc)
-    else:
-        print("started")
+    startup.report()
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@ and message.
 
 from __future__ import annotations
 
-import django
 from django.conf import settings
+
+from tests.children import startup
 
 
 def main() -> None:
@@ -16,12 +17,7 @@ def main() -> None:
         INSTALLED_APPS=["django_locks"],
         LOCKS={"BACKEND": "django_locks.stores.InMemoryStore"},
     )
-    try:
-        django.setup()
-    except Exception as exc:
-        print(type(exc).__name__, exc)
-    else:
-        print("started")
+    startup.report()
 
 
 if __name__ == "__main__":
