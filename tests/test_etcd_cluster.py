@@ -125,3 +125,16 @@ def test_whole_cluster_sigkill_and_restart_keeps_the_data(etcd: Any) -> None:
     last = max(int(meta["mod_revision"]) for meta in before.values())
     etcd.member(1).client().put(names[0], "after the restart")
     assert int(read(etcd.member(2), names[0])[1]["mod_revision"]) > last
+
+
+def test_a_leader_paused_for_less_than_a_lease_ttl_revokes_no_lease(etcd: Any) -> None:
+    """The other side of etcd issue 15247 (the etcd reference's limits): a leader stalled for
+    longer than a lease's remaining TTL may revoke it on resuming, one stalled for less must
+    not. 1 s pauses of the leader, 3 leases of 5 s kept alive through the other members."""
+    from tests.faults.etcd_early_revoke import one_round
+
+    try:
+        early = [s for _ in range(2) for s in one_round(etcd, pause=1.0, ttl=5, leases=3)]
+    finally:
+        etcd.heal()
+    assert early == [], f"leases lost {early} s after the leader's SIGCONT\n{etcd.logs(20)}"
