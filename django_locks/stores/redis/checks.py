@@ -1,4 +1,5 @@
-"""The Redis store's system checks: persistence and eviction of every master (W201-W206)."""
+"""The Redis store's system checks: persistence and eviction of every master (W201-W206), and
+the replicas `min_replicas` asks for (W207)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ def check_store(store: RedisStore) -> list[Any]:
 def _check_node(store: RedisStore, node: tuple[str, int] | None) -> list[Any]:
     deadline = time.monotonic() + CHECK_TIMEOUT
     pool = store._pool(node, "ops")
+    found = replica_warnings(store, pool, deadline)
     config = {}
     try:
         for name in ("appendonly", "appendfsync", "save", "maxmemory-policy"):
@@ -50,6 +52,7 @@ def _check_node(store: RedisStore, node: tuple[str, int] | None) -> list[Any]:
         if not isinstance(exc.__cause__, redis.exceptions.ResponseError):
             raise
         return [
+            *found,
             checks.Warning(
                 f"Redis at {pool.where} refuses CONFIG GET ({exc.__cause__}), as managed Redis "
                 "services often do: django_locks cannot verify that it persists leases and "
@@ -58,9 +61,9 @@ def _check_node(store: RedisStore, node: tuple[str, int] | None) -> list[Any]:
                 "always, maxmemory-policy noeviction. Then silence this warning with "
                 "SILENCED_SYSTEM_CHECKS = ['django_locks.W205'].",
                 id="django_locks.W205",
-            )
+            ),
         ]
-    return config_warnings(pool.where, config)
+    return found + config_warnings(pool.where, config)
 
 
 def config_warnings(where: str, config: dict[str, str]) -> list[Any]:
@@ -106,3 +109,41 @@ def config_warnings(where: str, config: dict[str, str]) -> list[Any]:
             )
         )
     return found
+
+
+def replica_warnings(store: RedisStore, pool: Any, deadline: float) -> list[Any]:
+    """W207: ``min_replicas`` above the replicas connected to the master (``INFO
+    replication``), so that every acquire would fail as unconfirmed; or the count refused."""
+    if not store.min_replicas:
+        return []
+    fix = "or lower min_replicas."
+    try:
+        info = pool.call(pack("INFO", "replication"), deadline)
+    except StoreError as exc:
+        if not isinstance(exc.__cause__, redis.exceptions.ResponseError):
+            raise
+        return [
+            checks.Warning(
+                f"Redis at {pool.where} refuses INFO replication ({exc.__cause__}): django_locks "
+                f"cannot verify that {store.min_replicas} replicas (min_replicas) are connected.",
+                hint=f"Check the replicas in your provider's console, {fix}",
+                id="django_locks.W207",
+            )
+        ]
+    fields = dict(
+        line.split(":", 1) for line in info.decode(errors="replace").splitlines() if ":" in line
+    )
+    connected = int(fields.get("connected_slaves", "0") or 0)
+    if connected >= store.min_replicas:
+        return []
+    return [
+        checks.Warning(
+            f"RedisStore option 'min_replicas' is {store.min_replicas} but Redis at {pool.where} "
+            f"has {connected} connected replica{'s' if connected != 1 else ''} "
+            f"(role {fields.get('role', '?').strip()}): every acquire and every renewal will "
+            "fail as unconfirmed (a StoreError).",
+            hint="Attach the replicas (replicaof) and look at INFO replication on the master, "
+            + fix,
+            id="django_locks.W207",
+        )
+    ]

@@ -33,6 +33,8 @@ class Options:
     socket_connect_timeout: float
     max_connections: int
     cluster: bool
+    min_replicas: int  # replicas that must confirm each acquire and renewal (WAIT); 0: none
+    replica_timeout_ms: int  # how long WAIT waits for them
     extra: dict[str, Any]  # the cache's connection options, for the Cluster's discovery
     connection_class: type[Any]
     connection_kwargs: dict[str, Any]
@@ -47,6 +49,8 @@ def parse(
     socket_connect_timeout: Duration,
     max_connections: int,
     cluster: bool,
+    min_replicas: int = 0,
+    replica_timeout: Duration = 0.1,
 ) -> Options:
     """Check the options of ``RedisStore`` (``ImproperlyConfigured`` naming the option, the rule
     and the value); no I/O."""
@@ -73,8 +77,11 @@ def parse(
     try:
         read_timeout = timeout_seconds(socket_timeout, name="socket_timeout")
         connect_timeout = timeout_seconds(socket_connect_timeout, name="socket_connect_timeout")
+        # WAIT 0 would wait for ever: at least 1 ms.
+        replica_wait = timeout_seconds(replica_timeout, name="replica_timeout")
     except (TypeError, ValueError) as exc:
         raise ImproperlyConfigured(f"RedisStore option {exc}") from exc
+    _check_replicas(min_replicas, replica_wait, read_timeout, cluster=cluster)
     if cache is not None:
         url, extra = from_cache(cache)
     else:
@@ -115,10 +122,34 @@ def parse(
         socket_connect_timeout=connect_timeout,
         max_connections=max_connections,
         cluster=cluster,
+        min_replicas=min_replicas,
+        replica_timeout_ms=round(replica_wait * 1000),
         extra=extra,
         connection_class=connection_class,
         connection_kwargs=connection_kwargs,
     )
+
+
+def _check_replicas(
+    min_replicas: int, replica_timeout: float, socket_timeout: float, *, cluster: bool
+) -> None:
+    if isinstance(min_replicas, bool) or not isinstance(min_replicas, int) or min_replicas < 0:
+        raise ImproperlyConfigured(
+            f"RedisStore option 'min_replicas' must be an int of 0 or more (the replicas that "
+            f"must confirm each acquire and renewal), got {min_replicas!r}."
+        )
+    if min_replicas and cluster:
+        raise ImproperlyConfigured(
+            "RedisStore option 'min_replicas' is not available with cluster=True: no test shows "
+            "WAIT reaching the replicas of the key's own shard. Use min_replicas on a lone "
+            "master (with Sentinel), or leave it 0 on Redis Cluster."
+        )
+    if min_replicas and replica_timeout >= socket_timeout:
+        raise ImproperlyConfigured(
+            f"RedisStore option 'replica_timeout' ({replica_timeout:g} s) must be shorter than "
+            f"'socket_timeout' ({socket_timeout:g} s), the bound of each call it is part of: "
+            "lower replica_timeout (a replica on the same network confirms within a few ms)."
+        )
 
 
 def from_cache(alias: str) -> tuple[str, dict[str, Any]]:

@@ -29,7 +29,7 @@ from django_locks.stores.base import (
     check_older_than,
     holder_name,
 )
-from django_locks.stores.redis import checks, options, replies, scripts
+from django_locks.stores.redis import checks, options, replicas, replies, scripts
 from django_locks.stores.redis import scripts_permits as permit_scripts
 from django_locks.stores.redis import scripts_preempt as preempt_scripts
 from django_locks.stores.redis import scripts_ticks as tick_scripts
@@ -49,7 +49,10 @@ class RedisStore(Calls, LockStore):
     ``prefix`` (keys are ``<prefix>:{<digest>}:lease`` and ``...:fence``); ``socket_timeout`` (a
     duration, the default bound of a call) and ``socket_connect_timeout`` (a duration, the bound
     of connecting); ``max_connections`` per server and process; ``cluster=True`` for Redis
-    Cluster. Built without I/O; connects on first use; safe from any thread and across ``fork()``.
+    Cluster; ``min_replicas`` (replicas that must confirm each acquire and renewal, by ``WAIT``
+    in the same round trip) and ``replica_timeout`` (a duration, how long ``WAIT`` waits:
+    100 ms by default). Built without I/O; connects on first use; safe from any thread and
+    across ``fork()``.
     """
 
     def __init__(
@@ -62,6 +65,8 @@ class RedisStore(Calls, LockStore):
         socket_connect_timeout: Duration = 2,
         max_connections: int = 50,
         cluster: bool = False,
+        min_replicas: int = 0,
+        replica_timeout: Duration = 0.1,
     ) -> None:
         parsed = options.parse(
             url=url,
@@ -71,6 +76,8 @@ class RedisStore(Calls, LockStore):
             socket_connect_timeout=socket_connect_timeout,
             max_connections=max_connections,
             cluster=cluster,
+            min_replicas=min_replicas,
+            replica_timeout=replica_timeout,
         )
         self.url = parsed.url
         self.cache = parsed.cache
@@ -79,6 +86,8 @@ class RedisStore(Calls, LockStore):
         self.socket_connect_timeout = parsed.socket_connect_timeout
         self.max_connections = parsed.max_connections
         self.cluster = parsed.cluster
+        self.min_replicas = parsed.min_replicas
+        self.replica_timeout_ms = parsed.replica_timeout_ms
         self._options = parsed
         self._connection_kwargs = parsed.connection_kwargs
         self._process = runtime.ProcessLocal(lambda: Connections(parsed))
@@ -120,10 +129,31 @@ class RedisStore(Calls, LockStore):
         deadline = self._deadline(timeout)
         slot = self._slot_named(key, 1, deadline)
         command = scripts.acquire_as_call(names, owner, ttl_ms, holder, slot)
-        reply = self._routed(names.lease, command, self._left(deadline), scripts.ACQUIRE_AS)
+        reply, confirmed = self._replicated(names.lease, command, deadline, scripts.ACQUIRE_AS)
         taken = replies.taken(key, 1, reply)
         assert not isinstance(taken, PermitGrant)  # a plain acquire is granted no permit
+        if type(taken) is int:
+            self._require_replicas(key, owner, confirmed, deadline)
         return taken
+
+    def _require_replicas(
+        self, key: str, owner: str, confirmed: int | None, deadline: float
+    ) -> None:
+        """A lease granted on the master but confirmed by fewer than ``min_replicas`` replicas
+        is released at once (a failover could lose it) and the acquire is a ``StoreError``,
+        never "not acquired" (another may not hold it)."""
+        if confirmed is None or confirmed >= self.min_replicas:
+            return
+        try:
+            self.release(key, owner, timeout=max(self._left(deadline), 0.5))
+            ended = "released"
+        except StoreError as exc:
+            ended = f"its release failed too ({exc}), so it lapses at its ttl"
+        raise StoreError(
+            replicas.unconfirmed_grant(
+                str(self), key, confirmed, self.min_replicas, self.replica_timeout_ms, ended
+            )
+        )
 
     supports_permits = True
     """A key's slots and its own record live under the key's hash tag (``scripts_permits``)."""
@@ -146,11 +176,13 @@ class RedisStore(Calls, LockStore):
         deadline = self._deadline(timeout)
         slot = self._slot_named(key, permits, deadline)
         command = permit_scripts.acquire_permit_call(names, owner, ttl_ms, permits, holder, slot)
-        reply = self._routed(
-            names.lease, command, self._left(deadline), permit_scripts.ACQUIRE_PERMIT
+        reply, confirmed = self._replicated(
+            names.lease, command, deadline, permit_scripts.ACQUIRE_PERMIT
         )
         taken = replies.taken(key, permits, reply)
         assert not isinstance(taken, int)  # the permits script answers a grant, not a token
+        if isinstance(taken, PermitGrant):
+            self._require_replicas(Slot(key, taken.permit), owner, confirmed, deadline)
         return taken
 
     def _slot_named(self, key: str, permits: int, deadline: float) -> bytes | None:
@@ -172,7 +204,29 @@ class RedisStore(Calls, LockStore):
         """One script call: renewed, refused, or ``PREEMPTED`` (not extended) for a lease
         carrying a preempt request naming its token (:meth:`preempt`)."""
         name, command = self._renew_call(key, owner, ttl_ms)
-        return replies.renewed(self._routed(name, command, timeout, scripts.RENEW_RECORDED))
+        deadline = self._deadline(timeout)
+        reply, confirmed = self._replicated(name, command, deadline, scripts.RENEW_RECORDED)
+        renewed = replies.renewed(reply)
+        if renewed is True and confirmed is not None and confirmed < self.min_replicas:
+            raise StoreError(
+                replicas.unconfirmed_renewal(
+                    str(self), confirmed, self.min_replicas, self.replica_timeout_ms, 1
+                )
+            )
+        return renewed
+
+    def _renewals_confirmed(self, answer: Any, keys: int) -> None:
+        """``WAIT``'s answer after a batch of renewals: fewer replicas than ``min_replicas`` is
+        a ``StoreError`` for the batch (each lease then counts as not renewed, and is tried
+        again until its deadline)."""
+        if isinstance(answer, BaseException):
+            raise runtime.translated(answer, str(self), timed_out=False) from answer
+        if int(answer) < self.min_replicas:
+            raise StoreError(
+                replicas.unconfirmed_renewal(
+                    str(self), int(answer), self.min_replicas, self.replica_timeout_ms, keys
+                )
+            )
 
     def _renew_call(self, key: str, owner: str, ttl_ms: int) -> tuple[bytes, bytes]:
         """The lease renewed (a ``Slot``'s under its base key's hash tag) and its call."""
@@ -197,7 +251,11 @@ class RedisStore(Calls, LockStore):
         for node, indexes in by_node.items():
             commands = [scripts.script_load(scripts.RENEW_RECORDED)]
             commands += [calls[index][1] for index in indexes]
+            if self.min_replicas:  # a lone master: WAIT after the scripts, in the same write
+                commands.append(scripts.pack("WAIT", self.min_replicas, self.replica_timeout_ms))
             answers = self._on_node(node, lambda pool, c=commands: pool.pipeline(c, deadline))
+            if self.min_replicas:
+                self._renewals_confirmed(answers.pop(), len(indexes))
             for index, reply in zip(indexes, answers[1:], strict=True):
                 if isinstance(reply, redis.exceptions.AskError):
                     # The key's slot moved (Cluster): this one goes on its own, redirected.

@@ -202,6 +202,20 @@ class Pool:
         self._done(link, dog.unwatch(link))
         return replies
 
+    def confirmed(
+        self, command: bytes, wait: bytes, deadline: float, script: Script
+    ) -> tuple[Any, int]:
+        """``command`` (a ``script`` call) with ``WAIT`` after it in the same write (one round
+        trip): its reply and how many replicas confirmed it (``min_replicas``). A flushed
+        script is loaded and the pair sent again (the call never ran)."""
+        answers = self.pipeline([command, wait], deadline)
+        if isinstance(answers[0], redis.exceptions.NoScriptError):
+            answers = self.pipeline([script_load(script), command, wait], deadline)[1:]
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                raise runtime.translated(answer, self.what, timed_out=False) from answer
+        return answers[0], int(answers[1])
+
     def _failed(self, link: Link, fired: bool, exc: BaseException, command: bytes) -> BaseException:
         # Every path that reads several replies reads them all before raising (_reply), so an
         # error reply here leaves nothing unread: the connection is in step.
@@ -341,6 +355,8 @@ class Calls:
 
     cluster: bool
     socket_timeout: float
+    min_replicas: int
+    replica_timeout_ms: int
     _process: runtime.ProcessLocal[Connections]
 
     @staticmethod
@@ -376,6 +392,17 @@ class Calls:
             return self._on_node(node, on)
 
         return self._process.get().cluster().routed(name, deadline, send)
+
+    def _replicated(
+        self, name: bytes, command: bytes, deadline: float, script: Script
+    ) -> tuple[Any, int | None]:
+        """``command`` on the key's server and, with ``min_replicas`` (a lone master: refused
+        with ``cluster``), ``WAIT`` pipelined after it: the reply and how many replicas
+        confirmed it (``None`` without ``min_replicas``)."""
+        if not self.min_replicas:
+            return self._routed(name, command, self._left(deadline), script), None
+        wait = pack("WAIT", self.min_replicas, self.replica_timeout_ms)
+        return self._pool(None).confirmed(command, wait, deadline, script)
 
     def _wait_call(self, wakeup: bytes, command: bytes, deadline: float) -> Any:
         """A BLPOP on the server serving ``wakeup``, on a wait connection; on Redis Cluster it
