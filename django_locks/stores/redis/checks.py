@@ -10,7 +10,6 @@ import redis.exceptions
 from django.core import checks
 
 from django_locks.exceptions import StoreError
-from django_locks.stores.redis.options import redact
 from django_locks.stores.redis.scripts import pack
 
 if TYPE_CHECKING:
@@ -31,7 +30,7 @@ def check_store(store: RedisStore) -> list[Any]:
     except StoreError as exc:
         return [
             checks.Warning(
-                f"django_locks could not reach Redis at {redact(store.url)} to check its "
+                f"django_locks could not reach {store} to check its "
                 f"persistence and eviction settings: {exc.__cause__ or exc}",
                 hint="Start the server or fix LOCKS['OPTIONS'], then run the check again.",
                 id="django_locks.W206",

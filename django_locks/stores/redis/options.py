@@ -13,6 +13,7 @@ from redis.connection import Connection, parse_url
 from redis.retry import Retry
 
 from django_locks.durations import Duration, timeout_seconds
+from django_locks.stores.redis import sentinel
 
 CACHE_BACKENDS = ("django_redis.cache.RedisCache", "django.core.cache.backends.redis.RedisCache")
 # Options of the cache that are ours to decide (timeouts, pool size) or meaningless to a
@@ -26,13 +27,15 @@ class Options:
     """The store's options, checked; ``connection_kwargs`` are what each redis-py
     ``Connection`` of the store is built with (its connect timeout is added per connection)."""
 
-    url: str
+    url: str | None  # None with sentinels and no url: the master's address is asked
     cache: str | None
     prefix: str
     socket_timeout: float
     socket_connect_timeout: float
     max_connections: int
     cluster: bool
+    sentinels: list[tuple[str, int]]  # the Sentinels to ask for the master; [] without
+    service_name: str | None
     min_replicas: int  # replicas that must confirm each acquire and renewal (WAIT); 0: none
     replica_timeout_ms: int  # how long WAIT waits for them
     extra: dict[str, Any]  # the cache's connection options, for the Cluster's discovery
@@ -51,9 +54,25 @@ def parse(
     cluster: bool,
     min_replicas: int = 0,
     replica_timeout: Duration = 0.1,
+    sentinels: Any = None,
+    service_name: Any = None,
 ) -> Options:
     """Check the options of ``RedisStore`` (``ImproperlyConfigured`` naming the option, the rule
     and the value); no I/O."""
+    if sentinels is not None or service_name is not None:
+        if sentinels is None or service_name is None:
+            raise ImproperlyConfigured(
+                "RedisStore options 'sentinels' and 'service_name' go together: the Sentinels "
+                "to ask, and the name they monitor the master by."
+            )
+        if cluster:
+            raise ImproperlyConfigured(
+                "RedisStore option 'sentinels' is not available with cluster=True: Redis "
+                "Cluster fails over by itself. Drop one of them."
+            )
+    asked = url is None and cache is None and sentinels is not None
+    if asked:
+        url = "redis://localhost/0"  # no credentials, db 0: the master's address is asked
     if (url is None) == (cache is None):
         raise ImproperlyConfigured(
             "RedisStore needs exactly one of the options 'url' (a Redis URL such as "
@@ -103,6 +122,7 @@ def parse(
     options.pop("socket_connect_timeout", None)
     options.pop("redis_connect_func", None)
     connection_class: type[Any] = options.pop("connection_class", Connection)
+    followed = sentinel.addresses(sentinels) if sentinels is not None else []
     connection_kwargs = {
         **options,
         # The bound of a read is the call's deadline, kept by the watchdog (SPEC section 4:
@@ -114,14 +134,20 @@ def parse(
         # messages), so a call's replies are read in step.
         "protocol": 2,
     }
+    if followed:
+        connection_class, connection_kwargs = sentinel.connection(
+            followed, service_name, connection_kwargs, connection_class
+        )
     return Options(
-        url=url,
+        url=None if asked else url,
         cache=cache,
         prefix=prefix,
         socket_timeout=read_timeout,
         socket_connect_timeout=connect_timeout,
         max_connections=max_connections,
         cluster=cluster,
+        sentinels=followed,
+        service_name=service_name if followed else None,
         min_replicas=min_replicas,
         replica_timeout_ms=round(replica_wait * 1000),
         extra=extra,
@@ -202,7 +228,11 @@ def label(options: Options) -> str:
     ``(cache "locks")`` after it when borrowed from a cache); never the password."""
     kind = "Redis Cluster" if options.cluster else "Redis"
     parts = urlsplit(options.url or "")
-    if parts.scheme == "unix":
+    if options.sentinels:
+        first = ":".join(map(str, options.sentinels[0]))
+        where = f"Sentinel {options.service_name!r} ({first}"
+        where += f" and {len(options.sentinels) - 1} more)" if len(options.sentinels) > 1 else ")"
+    elif parts.scheme == "unix":
         where = parts.path
     else:
         where = f"{parts.hostname or 'localhost'}:{parts.port or 6379}"
@@ -213,6 +243,9 @@ def label(options: Options) -> str:
 
 
 def where(kwargs: dict[str, Any], node: tuple[str, int] | None) -> str:
-    """The server a connection goes to, as people read it (``127.0.0.1:6379``, a socket path)."""
+    """The server a connection goes to, as people read it (``127.0.0.1:6379``, a socket path,
+    the master of a Sentinel service)."""
+    if "connection_pool" in kwargs:
+        return f"the master of Sentinel service {kwargs['connection_pool'].service_name!r}"
     host, port = node or (kwargs.get("host"), kwargs.get("port"))
     return f"{host}:{port}" if host else str(kwargs.get("path"))

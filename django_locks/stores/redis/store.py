@@ -51,7 +51,9 @@ class RedisStore(Calls, LockStore):
     of connecting); ``max_connections`` per server and process; ``cluster=True`` for Redis
     Cluster; ``min_replicas`` (replicas that must confirm each acquire and renewal, by ``WAIT``
     in the same round trip) and ``replica_timeout`` (a duration, how long ``WAIT`` waits:
-    100 ms by default). Built without I/O; connects on first use; safe from any thread and
+    100 ms by default); ``sentinels`` (``"host:port"`` strings) with ``service_name`` to follow
+    a Sentinel-managed master (``url``, then optional, gives the credentials and db). Built
+    without I/O; connects on first use; safe from any thread and
     across ``fork()``.
     """
 
@@ -67,6 +69,8 @@ class RedisStore(Calls, LockStore):
         cluster: bool = False,
         min_replicas: int = 0,
         replica_timeout: Duration = 0.1,
+        sentinels: Sequence[str | tuple[str, int]] | None = None,
+        service_name: str | None = None,
     ) -> None:
         parsed = options.parse(
             url=url,
@@ -78,6 +82,8 @@ class RedisStore(Calls, LockStore):
             cluster=cluster,
             min_replicas=min_replicas,
             replica_timeout=replica_timeout,
+            sentinels=sentinels,
+            service_name=service_name,
         )
         self.url = parsed.url
         self.cache = parsed.cache
@@ -86,6 +92,8 @@ class RedisStore(Calls, LockStore):
         self.socket_connect_timeout = parsed.socket_connect_timeout
         self.max_connections = parsed.max_connections
         self.cluster = parsed.cluster
+        self.sentinels = parsed.sentinels
+        self.service_name = parsed.service_name
         self.min_replicas = parsed.min_replicas
         self.replica_timeout_ms = parsed.replica_timeout_ms
         self._options = parsed
@@ -97,6 +105,8 @@ class RedisStore(Calls, LockStore):
 
     def __repr__(self) -> str:
         where = f"cache={self.cache!r}" if self.cache else f"url={options.redact(self.url)!r}"
+        if self.sentinels:
+            where += f" service_name={self.service_name!r}"
         return f"<RedisStore {where} prefix={self.prefix!r}{' cluster' if self.cluster else ''}>"
 
     def __str__(self) -> str:

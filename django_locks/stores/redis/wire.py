@@ -336,6 +336,7 @@ class Connections:
         with self.lock:
             if self.topology is None:
                 store = self.options
+                assert store.url is not None  # Cluster refuses sentinels, so it has a URL
                 self.topology = Topology(store.url, store.extra, store.socket_connect_timeout)
             return self.topology
 
