@@ -167,10 +167,11 @@ def test_w207_when_fewer_replicas_are_connected_than_asked(pair: Pair) -> None:
 @pytest.mark.parametrize(
     ("options", "says"),
     [
-        ({"min_replicas": -1}, "'min_replicas' must be an int of 0 or more"),
-        ({"min_replicas": True}, "'min_replicas' must be an int of 0 or more"),
-        ({"min_replicas": "1"}, "'min_replicas' must be an int of 0 or more"),
-        ({"min_replicas": 1.0}, "'min_replicas' must be an int of 0 or more"),
+        ({"min_replicas": -1}, "'min_replicas' must be an int of 0 to 1000"),
+        ({"min_replicas": True}, "'min_replicas' must be an int of 0 to 1000"),
+        ({"min_replicas": "1"}, "'min_replicas' must be an int of 0 to 1000"),
+        ({"min_replicas": 1.0}, "'min_replicas' must be an int of 0 to 1000"),
+        ({"min_replicas": 10**20}, "'min_replicas' must be an int of 0 to 1000"),
         ({"min_replicas": 1, "cluster": True}, "not available with cluster=True"),
         ({"min_replicas": 1, "replica_timeout": 0}, "replica_timeout"),
         ({"min_replicas": 1, "replica_timeout": -1}, "replica_timeout"),
@@ -181,3 +182,16 @@ def test_w207_when_fewer_replicas_are_connected_than_asked(pair: Pair) -> None:
 def test_bad_options_are_refused_without_io(options: dict[str, Any], says: str) -> None:
     with pytest.raises(ImproperlyConfigured, match=says):
         RedisStore(url="redis://127.0.0.1:1/0", **options)
+
+
+def test_a_refused_wait_confirms_nothing_and_the_grant_is_released(caplog: Any) -> None:
+    server = RedisServer(extra=("--rename-command", "WAIT", "")).start()
+    try:
+        store = RedisStore(url=server.url, min_replicas=1, replica_timeout=0.05)
+        key = f"replicas:{new_owner()}"
+        with pytest.raises(StoreError, match="confirmed by 0 of 1 replicas within 50 ms; released"):
+            store.acquire_as(key, new_owner(), 30_000, holder())
+        assert "refused WAIT" in caplog.text and "allow WAIT" in caplog.text
+        assert type(RedisStore(url=server.url).acquire(key, new_owner(), 30_000)) is int
+    finally:
+        server.destroy()

@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from django_locks.exceptions import StoreError
 from django_locks.holders import Holder
@@ -106,3 +108,24 @@ def test_a_rediss_url_keeps_tls_to_the_master() -> None:
     assert plain._options.connection_class is SentinelManagedConnection
     secure = RedisStore(url="rediss://:pw@/0", sentinels=["127.0.0.1:26379"], service_name="m")
     assert secure._options.connection_class is SentinelManagedSSLConnection
+
+
+_ANYTHING = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=30),
+    lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner),
+    max_leaves=8,
+)
+
+
+@given(sentinels=_ANYTHING, service_name=_ANYTHING)
+@settings(max_examples=300, deadline=None)
+def test_any_sentinel_options_build_a_store_or_are_refused_by_name(
+    sentinels: Any, service_name: Any
+) -> None:
+    try:
+        store = RedisStore(sentinels=sentinels, service_name=service_name)
+    except ImproperlyConfigured as exc:
+        assert "'sentinels'" in str(exc) or "'service_name'" in str(exc)
+    else:
+        assert store.sentinels and all(0 < port < 65536 for _, port in store.sentinels)
+        assert isinstance(store.service_name, str) and store.service_name

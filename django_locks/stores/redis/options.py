@@ -76,7 +76,8 @@ def parse(
     if (url is None) == (cache is None):
         raise ImproperlyConfigured(
             "RedisStore needs exactly one of the options 'url' (a Redis URL such as "
-            "'redis://localhost:6379/0') or 'cache' (an alias of a Redis cache in CACHES)."
+            "'redis://localhost:6379/0') or 'cache' (an alias of a Redis cache in CACHES), "
+            "or 'sentinels' with 'service_name' for a Sentinel-managed master."
         )
     if not isinstance(prefix, str) or not prefix or {"{", "}"} & set(prefix):
         raise ImproperlyConfigured(
@@ -156,13 +157,21 @@ def parse(
     )
 
 
+MAX_REPLICAS = 1000
+"""The most ``min_replicas`` may ask for: far more replicas than one master serves."""
+
+
 def _check_replicas(
     min_replicas: int, replica_timeout: float, socket_timeout: float, *, cluster: bool
 ) -> None:
-    if isinstance(min_replicas, bool) or not isinstance(min_replicas, int) or min_replicas < 0:
+    if (
+        isinstance(min_replicas, bool)
+        or not isinstance(min_replicas, int)
+        or not 0 <= min_replicas <= MAX_REPLICAS
+    ):
         raise ImproperlyConfigured(
-            f"RedisStore option 'min_replicas' must be an int of 0 or more (the replicas that "
-            f"must confirm each acquire and renewal), got {min_replicas!r}."
+            f"RedisStore option 'min_replicas' must be an int of 0 to {MAX_REPLICAS} (the "
+            f"replicas that must confirm each acquire and renewal), got {min_replicas!r}."
         )
     if min_replicas and cluster:
         raise ImproperlyConfigured(

@@ -10,6 +10,7 @@ raises ``StoreTimeoutError`` and the connection is discarded.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from typing import Any
@@ -24,6 +25,7 @@ from django_locks.stores.redis.cluster import Node, Topology
 from django_locks.stores.redis.scripts import Script, pack, script_load, verb
 
 ERRORS = (redis.exceptions.RedisError, OSError)
+logger = logging.getLogger("django_locks")
 _ASKING = pack("ASKING")
 
 MAX_CALL_TIMEOUT = MAX_DURATION_MS / 1000
@@ -211,10 +213,20 @@ class Pool:
         answers = self.pipeline([command, wait], deadline)
         if isinstance(answers[0], redis.exceptions.NoScriptError):
             answers = self.pipeline([script_load(script), command, wait], deadline)[1:]
-        for answer in answers:
-            if isinstance(answer, BaseException):
-                raise runtime.translated(answer, self.what, timed_out=False) from answer
-        return answers[0], int(answers[1])
+        reply, count = answers
+        if isinstance(reply, BaseException):
+            raise runtime.translated(reply, self.what, timed_out=False) from reply
+        if isinstance(count, BaseException):
+            # The script ran (a grant must be released): WAIT refused (renamed, denied by an
+            # ACL) confirms nothing.
+            logger.warning(
+                "%s refused WAIT (%s): min_replicas cannot be confirmed there; allow WAIT for "
+                "the store's user, or set min_replicas to 0.",
+                self.what,
+                count,
+            )
+            return reply, 0
+        return reply, int(count)
 
     def _failed(self, link: Link, fired: bool, exc: BaseException, command: bytes) -> BaseException:
         # Every path that reads several replies reads them all before raising (_reply), so an
