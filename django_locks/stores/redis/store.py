@@ -29,18 +29,19 @@ from django_locks.stores.base import (
     check_older_than,
     holder_name,
 )
-from django_locks.stores.redis import checks, options, replicas, replies, scripts
+from django_locks.stores.redis import checks, options, replies, scripts
 from django_locks.stores.redis import scripts_permits as permit_scripts
 from django_locks.stores.redis import scripts_preempt as preempt_scripts
 from django_locks.stores.redis import scripts_ticks as tick_scripts
 from django_locks.stores.redis.cluster import Node
-from django_locks.stores.redis.wire import Calls, Connections
+from django_locks.stores.redis.replicas import Replicated
+from django_locks.stores.redis.wire import Connections
 from django_locks.stores.ticks import check_tick_ms
 
 logger = logging.getLogger("django_locks")
 
 
-class RedisStore(Calls, LockStore):
+class RedisStore(Replicated, LockStore):
     """Leases in Redis, each a hash next to a fencing counter under one hash tag.
 
     Options (``LOCKS["OPTIONS"]``): exactly one of ``url`` (a redis-py URL: ``redis://``,
@@ -49,11 +50,8 @@ class RedisStore(Calls, LockStore):
     ``prefix`` (keys are ``<prefix>:{<digest>}:lease`` and ``...:fence``); ``socket_timeout`` (a
     duration, the default bound of a call) and ``socket_connect_timeout`` (a duration, the bound
     of connecting); ``max_connections`` per server and process; ``cluster=True`` for Redis
-    Cluster; ``min_replicas`` (replicas that must confirm each acquire and renewal, by ``WAIT``
-    in the same round trip) and ``replica_timeout`` (a duration, how long ``WAIT`` waits:
-    100 ms by default); ``sentinels`` (``"host:port"`` strings) with ``service_name`` to follow
-    a Sentinel-managed master (``url``, then optional, gives the credentials and db). Built
-    without I/O; connects on first use; safe from any thread and
+    Cluster; ``sentinels`` and ``service_name``; ``min_replicas`` and ``replica_timeout``
+    (``replicas.py``). Built without I/O; connects on first use; safe from any thread and
     across ``fork()``.
     """
 
@@ -92,10 +90,6 @@ class RedisStore(Calls, LockStore):
         self.socket_connect_timeout = parsed.socket_connect_timeout
         self.max_connections = parsed.max_connections
         self.cluster = parsed.cluster
-        self.sentinels = parsed.sentinels
-        self.service_name = parsed.service_name
-        self.min_replicas = parsed.min_replicas
-        self.replica_timeout_ms = parsed.replica_timeout_ms
         self._options = parsed
         self._connection_kwargs = parsed.connection_kwargs
         self._process = runtime.ProcessLocal(lambda: Connections(parsed))
@@ -145,25 +139,6 @@ class RedisStore(Calls, LockStore):
         if type(taken) is int:
             self._require_replicas(key, owner, confirmed, deadline)
         return taken
-
-    def _require_replicas(
-        self, key: str, owner: str, confirmed: int | None, deadline: float
-    ) -> None:
-        """A lease granted on the master but confirmed by fewer than ``min_replicas`` replicas
-        is released at once (a failover could lose it) and the acquire is a ``StoreError``,
-        never "not acquired" (another may not hold it)."""
-        if confirmed is None or confirmed >= self.min_replicas:
-            return
-        try:
-            self.release(key, owner, timeout=max(self._left(deadline), 0.5))
-            ended = "released"
-        except StoreError as exc:
-            ended = f"its release failed too ({exc}), so it lapses at its ttl"
-        raise StoreError(
-            replicas.unconfirmed_grant(
-                str(self), key, confirmed, self.min_replicas, self.replica_timeout_ms, ended
-            )
-        )
 
     supports_permits = True
     """A key's slots and its own record live under the key's hash tag (``scripts_permits``)."""
@@ -217,26 +192,9 @@ class RedisStore(Calls, LockStore):
         deadline = self._deadline(timeout)
         reply, confirmed = self._replicated(name, command, deadline, scripts.RENEW_RECORDED)
         renewed = replies.renewed(reply)
-        if renewed is True and confirmed is not None and confirmed < self.min_replicas:
-            raise StoreError(
-                replicas.unconfirmed_renewal(
-                    str(self), confirmed, self.min_replicas, self.replica_timeout_ms, 1
-                )
-            )
+        if renewed is True:
+            self._renewals_confirmed(confirmed, 1)
         return renewed
-
-    def _renewals_confirmed(self, answer: Any, keys: int) -> None:
-        """``WAIT``'s answer after a batch of renewals: fewer replicas than ``min_replicas`` is
-        a ``StoreError`` for the batch (each lease then counts as not renewed, and is tried
-        again until its deadline)."""
-        if isinstance(answer, BaseException):
-            raise runtime.translated(answer, str(self), timed_out=False) from answer
-        if int(answer) < self.min_replicas:
-            raise StoreError(
-                replicas.unconfirmed_renewal(
-                    str(self), int(answer), self.min_replicas, self.replica_timeout_ms, keys
-                )
-            )
 
     def _renew_call(self, key: str, owner: str, ttl_ms: int) -> tuple[bytes, bytes]:
         """The lease renewed (a ``Slot``'s under its base key's hash tag) and its call."""
@@ -262,7 +220,7 @@ class RedisStore(Calls, LockStore):
             commands = [scripts.script_load(scripts.RENEW_RECORDED)]
             commands += [calls[index][1] for index in indexes]
             if self.min_replicas:  # a lone master: WAIT after the scripts, in the same write
-                commands.append(scripts.pack("WAIT", self.min_replicas, self.replica_timeout_ms))
+                commands.append(self._wait_command())
             answers = self._on_node(node, lambda pool, c=commands: pool.pipeline(c, deadline))
             if self.min_replicas:
                 self._renewals_confirmed(answers.pop(), len(indexes))

@@ -368,8 +368,6 @@ class Calls:
 
     cluster: bool
     socket_timeout: float
-    min_replicas: int
-    replica_timeout_ms: int
     _process: runtime.ProcessLocal[Connections]
 
     @staticmethod
@@ -405,17 +403,6 @@ class Calls:
             return self._on_node(node, on)
 
         return self._process.get().cluster().routed(name, deadline, send)
-
-    def _replicated(
-        self, name: bytes, command: bytes, deadline: float, script: Script
-    ) -> tuple[Any, int | None]:
-        """``command`` on the key's server and, with ``min_replicas`` (a lone master: refused
-        with ``cluster``), ``WAIT`` pipelined after it: the reply and how many replicas
-        confirmed it (``None`` without ``min_replicas``)."""
-        if not self.min_replicas:
-            return self._routed(name, command, self._left(deadline), script), None
-        wait = pack("WAIT", self.min_replicas, self.replica_timeout_ms)
-        return self._pool(None).confirmed(command, wait, deadline, script)
 
     def _wait_call(self, wakeup: bytes, command: bytes, deadline: float) -> Any:
         """A BLPOP on the server serving ``wakeup``, on a wait connection; on Redis Cluster it
