@@ -73,4 +73,6 @@ def test_on_conflict_raise_is_retried_by_dramatiq_one_at_a_time(children: Childr
 def test_without_the_decorator_the_workers_run_them_at_once(children: Children) -> None:
     send(children, "undecorated", 8)
     eventually(lambda: len(spans(children.runs())) == 8, timeout=10, every=0.1)
-    assert most_at_once(spans(children.runs())) >= 3
+    # Two at once is enough to show the overlap the decorator prevents; more needs both workers
+    # to have fetched messages, and one worker's prefetch may take all eight (a CI run saw that).
+    assert most_at_once(spans(children.runs())) >= 2
