@@ -180,9 +180,10 @@ class _Pending:
         from django_locks.stores.database import DatabaseStore
 
         store = self._keeper.store
-        if not isinstance(store, DatabaseStore) or connections[store.using].vendor != "sqlite":
+        wrapper: Any = connections[store.using] if isinstance(store, DatabaseStore) else None
+        if wrapper is None or wrapper.vendor != "sqlite":
             return False
-        if connections[store.using].is_in_memory_db():
+        if wrapper.is_in_memory_db():
             # The store calls through this thread's own connection (the in-memory test
             # database has no other): from the background the release would interleave with
             # Django's next statement on it (the savepoint's release), "no such savepoint".
