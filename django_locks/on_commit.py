@@ -180,8 +180,10 @@ class _Pending:
         from django_locks.stores.database import DatabaseStore
 
         store = self._keeper.store
-        wrapper: Any = connections[store.using] if isinstance(store, DatabaseStore) else None
-        if wrapper is None or wrapper.vendor != "sqlite":
+        if not isinstance(store, DatabaseStore):
+            return False
+        wrapper: Any = connections[store.using]
+        if wrapper.vendor != "sqlite":
             return False
         if wrapper.is_in_memory_db():
             # The store calls through this thread's own connection (the in-memory test
