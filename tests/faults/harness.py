@@ -34,10 +34,14 @@ from tests.faults.etcd_faults import (
     start_etcd,
 )
 from tests.faults.nemesis import LEADER_KEY, Tracker
+from tests.faults.pg_faults import STANDBY_SCENARIOS, STANDBY_TTL, StandbyFaults
 from tests.faults.proxy import Proxy
+from tests.faults.redis_faults import SENTINEL_SCENARIOS, SENTINEL_TTL, SentinelFaults
 from tests.faults.servers import ROOT, Servers, start_redis
 from tests.faults.worker import History
 from tests.servers.etcd import EtcdCluster
+from tests.servers.pg_standby import StandbyPair
+from tests.servers.redis_sentinel import SentinelServers
 
 LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
 
@@ -63,6 +67,8 @@ SCENARIOS: dict[str, str] = {
     "max_hold": "4 workers on one key with max_hold=1.5s: jobs that hang past their lease or work "
     "until the signal aborts",
     **ETCD_SCENARIOS,
+    **SENTINEL_SCENARIOS,
+    **STANDBY_SCENARIOS,
 }
 STORES = ("postgres", "redis", "sqlite", "etcd")
 SQLITE_SCENARIOS = ("baseline", "holder_pause", "request_pause", "holder_kill")
@@ -78,6 +84,8 @@ ONLY: dict[str, tuple[str, ...]] = {
     "store_restart_everysec": ("redis",),
     "atomic_pgbouncer": ("postgres",),
     **{name: ("etcd",) for name in ETCD_SCENARIOS},
+    **{name: ("redis",) for name in SENTINEL_SCENARIOS},
+    **{name: ("postgres",) for name in STANDBY_SCENARIOS},
 }
 for _name in ETCD_GENERIC:
     ONLY[_name] += ("etcd",)
@@ -87,13 +95,22 @@ ATOMIC_CANARY = {"postgres": 1.0, "sqlite": 0.5}
 (tests/faults/atomic_canary.py). On SQLite half: a holder paused inside its block stops every
 writer of the file, the competitor's acquire included, so only the other rounds show what the
 plain canary loses."""
-NO_ATOMIC_CANARY = ("permits", "replace", "max_hold", "leader")
-"""Scenarios whose rounds have no atomic canary (permits refuse ``lock.atomic()``)."""
+NO_ATOMIC_CANARY = ("permits", "replace", "max_hold", "leader", *STANDBY_SCENARIOS)
+"""Scenarios whose rounds have no atomic canary (permits refuse ``lock.atomic()``; the standby
+scenarios' leases are in a database of their own, the canary's rows in the suite's)."""
 SQLITE_SECTION = 0.25
 """On SQLite, critical sections (and so atomic blocks) last up to this many ttl: "well under
 ttl/3", as the docs ask of blocks that hold the file's write lock."""
 CI_SCENARIOS = ("baseline", "holder_pause", "hung_connection", "delayed_write")
 CI_ETCD_SCENARIOS = ("etcd_leader_kill", "etcd_hung_route")
+EXPECTED_TO_FAIL = {
+    ("redis", "store_restart_everysec"),
+    ("redis", "sentinel_failover"),
+    ("postgres", "pg_failover_async"),
+}
+"""Runs reported but not failed on their violations: losing the last second of writes is what
+``appendfsync everysec`` documents, and losing what the replica had not received is what
+asynchronous replication does (tests/faults/redis_faults.py, tests/faults/pg_faults.py)."""
 
 
 def stores_of(scenario: str) -> tuple[str, ...]:
@@ -106,13 +123,21 @@ LONG_SECTIONS = {
     "permits": 2,
     "replace": 2,
     **{name: 3 for name in ETCD_SCENARIOS},
+    **{name: 2 for name in SENTINEL_SCENARIOS},
+    **{name: 2 for name in STANDBY_SCENARIOS},
 }
 """A critical section of at most a ttl ends before the deadline of its lease (0.99 ttl after the
 last renewal sent), so a store that stops answering would never cost a lock: under these faults
 sections last up to this many ttl, so that the loss, and how late it is announced, is
 measured."""
-TTL = {"etcd": ETCD_TTL}
-"""The run's ttl by store, when not 2 s (tests/faults/etcd_faults.py says why 3 s on etcd)."""
+TTL = {
+    "etcd": ETCD_TTL,
+    **{name: SENTINEL_TTL for name in SENTINEL_SCENARIOS},
+    **{name: STANDBY_TTL for name in STANDBY_SCENARIOS},
+}
+"""The run's ttl by store or scenario, when not 2 s (tests/faults/etcd_faults.py says why 3 s on
+etcd, tests/faults/redis_faults.py why 6 s through a Sentinel failover, as through a standby's
+promotion)."""
 DEFAULTS: dict[str, Any] = {"workers": 6, "keys": 3, "permits": 1, "interval": 10.0}
 OWN_DEFAULTS: dict[str, dict[str, Any]] = {
     # One key, so that all 8 workers contend for its 3 permits; a fault every ~7 s, so that each
@@ -154,7 +179,7 @@ class RunConfig:
             if not getattr(self, name):
                 setattr(self, name, value)
         if not self.ttl:
-            self.ttl = TTL.get(self.store, 2.0)
+            self.ttl = TTL.get(self.scenario, TTL.get(self.store, 2.0))
         if self.cs_max is None and self.store == "sqlite":
             self.cs_max = SQLITE_SECTION * self.ttl
         if self.cs_max is None:
@@ -169,7 +194,7 @@ class RunConfig:
         return ATOMIC_CANARY.get(self.store, 0.0)
 
 
-class Run(EtcdFaults):
+class Run(EtcdFaults, SentinelFaults, StandbyFaults):
     def __init__(self, config: RunConfig, servers: Servers) -> None:
         self.config = config
         self.servers = servers
@@ -187,6 +212,8 @@ class Run(EtcdFaults):
         self.stopped: set[int] = set()
         self.redis: Any = None
         self.etcd: EtcdCluster | None = None
+        self.sentinel: SentinelServers | None = None
+        self.pair: StandbyPair | None = None
         self.proxy: Proxy | None = None
         self.stop = threading.Event()
         self.stop_at = 0.0
@@ -203,6 +230,8 @@ class Run(EtcdFaults):
             port = self.proxy.port(routes[0])
         if self.config.store == "etcd":
             return etcd_spec(self.cluster, self.proxy, routes), None
+        if self.sentinel is not None:
+            return self.sentinel_spec(), None
         if self.config.store == "redis":
             assert self.redis is not None
             return {"kind": "redis", "url": f"redis://127.0.0.1:{port or self.redis.port}/0"}, None
@@ -220,7 +249,7 @@ class Run(EtcdFaults):
         routes: list[int] = []
         if self.proxy is not None and self.config.store == "etcd":
             routes = etcd_routes(self.cluster, self.proxy)
-        elif self.proxy is not None:
+        elif self.proxy is not None and self.sentinel is None and self.pair is None:
             assert self.servers.postgres is not None
             upstream = (
                 self.redis.port if self.config.store == "redis" else self.servers.postgres.port
@@ -244,7 +273,9 @@ class Run(EtcdFaults):
             "atomic_canary": self.config.atomic_share > 0,
             "atomic_share": self.config.atomic_share,
         }
-        env = self.servers.env(port, worker=worker, sqlite=self.config.store == "sqlite")
+        store = self.pair_database() if self.pair is not None else None
+        sqlite = self.config.store == "sqlite"
+        env = self.servers.env(port, worker=worker, sqlite=sqlite, store=store)
         if self.config.scenario == "wallclock":
             rc = self.out / f"faketime-{index}.rc"
             rc.write_text("+0\n")
@@ -314,7 +345,11 @@ class Run(EtcdFaults):
             "INSERT INTO testapp_stockcount (product, count, fencing_token) VALUES (%s, 0, 0)",
             LEADER_KEY,
         )
-        if config.store == "redis":
+        if config.scenario in SENTINEL_SCENARIOS:
+            self.start_sentinel()
+        if config.scenario in STANDBY_SCENARIOS:
+            self.servers.migrate_store(self.start_pair().database_settings())
+        elif config.store == "redis":
             fsync = "everysec" if config.scenario == "store_restart_everysec" else "always"
             self.redis = start_redis(fsync)
         if config.store == "etcd":
@@ -342,6 +377,10 @@ class Run(EtcdFaults):
             if nemesis.is_alive():
                 nemesis.join(timeout=30)
             self.shutdown()
+        if self.nemesis_failed is not None:
+            raise RuntimeError(
+                f"The nemesis of {config.scenario} failed: {self.nemesis_failed!r}"
+            ) from self.nemesis_failed
         return self.finish()
 
     def shutdown(self) -> None:
@@ -370,6 +409,10 @@ class Run(EtcdFaults):
             self.redis.destroy()
         if self.etcd is not None:
             self.etcd.destroy()
+        if self.sentinel is not None:
+            self.sentinel.destroy()
+        if self.pair is not None:
+            self.pair.destroy()
 
     def finish(self) -> Report:
         kinds = {"f": "fenced", "c": "canary", "a": "atomic"}

@@ -160,7 +160,19 @@ class Nemesis:
     def duration(self) -> float:
         return self.rng.uniform(0.5, 3.0) * self.config.ttl
 
+    nemesis_failed: BaseException | None = None
+
     def nemesis(self) -> None:
+        """The faults, until the run's end; a fault that raises ends the run (``execute``
+        raises it), since a run whose faults stopped would report a calm it never tested."""
+        try:
+            self._faults()
+        except BaseException as exc:
+            self.nemesis_failed = exc
+            self.stop.set()
+            raise
+
+    def _faults(self) -> None:
         scenario = self.config.scenario
         next_at = time.monotonic() + self.rng.uniform(0.5, 1.2) * self.config.interval
         while True:

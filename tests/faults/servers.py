@@ -69,15 +69,27 @@ class Servers:
         *,
         worker: dict[str, Any] | None = None,
         sqlite: bool = False,
+        store: dict[str, Any] | None = None,
     ) -> dict[str, str]:
         """The environment of a worker: ``default`` direct, ``store`` on ``store_port`` (a proxy
         route or PgBouncer; Django keeps server-side prepared statements off, as PgBouncer's
-        transaction mode needs), or with ``sqlite`` the SQLite file; ``worker``: a fault
-        worker's configuration."""
-        store = self.sqlite_database() if sqlite else self.database(store_port)
+        transaction mode needs), with ``sqlite`` the SQLite file, or ``store`` itself (a
+        primary and its standby); ``worker``: a fault worker's configuration."""
+        if store is None:
+            store = self.sqlite_database() if sqlite else self.database(store_port)
         databases = {"default": self.database(), "store": store}
         settings = "tests.faults.settings"
         return child_env(settings=settings, databases=databases, faults_worker=worker)
+
+    def migrate_store(self, store: dict[str, Any]) -> None:
+        """The lock tables on the ``store`` alias ``store`` (a database of its own)."""
+        subprocess.run(
+            [*MIGRATE, "--database", "store"],
+            env=self.env(store=store),
+            cwd=ROOT,
+            check=True,
+            timeout=300,
+        )
 
     def sql(self, statement: str, *params: Any) -> list[Any]:
         assert self.postgres is not None

@@ -120,7 +120,8 @@ def _shown(result: object) -> object:
 
 
 def build_store(spec: dict[str, Any], record: Callable[..., None]) -> Delaying:
-    """From ``{"kind": "redis", "url": ...}``, ``{"kind": "postgres", "using": ..., "listen":
+    """From ``{"kind": "redis", "url": ...}`` (or with ``sentinels``, ``service_name`` and
+    ``min_replicas`` in place of the url), ``{"kind": "postgres", "using": ..., "listen":
     ...}``, ``{"kind": "sqlite", "using": ...}`` (no release notices on SQLite) or ``{"kind":
     "etcd", "endpoints": [...]}``."""
     cls: type[LockStore]
@@ -131,7 +132,9 @@ def build_store(spec: dict[str, Any], record: Callable[..., None]) -> Delaying:
     elif spec["kind"] == "redis":
         from django_locks.stores import RedisStore
 
-        cls, args = RedisStore, {"url": spec["url"], "socket_timeout": 5}
+        cls, args = RedisStore, {"url": spec.get("url"), "socket_timeout": 5}
+        if "sentinels" in spec:
+            args |= {name: spec[name] for name in ("sentinels", "service_name", "min_replicas")}
     else:
         from django_locks.stores import DatabaseStore
 

@@ -24,8 +24,8 @@ SUPERUSER = "postgres"
 def postgres_bin_dir() -> str | None:
     """The directory holding ``initdb`` and ``postgres``: PostgreSQL 15 first, else the newest."""
     initdb = find_binary("initdb")
-    if initdb:
-        return os.path.dirname(initdb)
+    if initdb:  # its real directory, which has pg_basebackup and pg_ctl beside it
+        return os.path.dirname(os.path.realpath(initdb))
     found = sorted(
         glob.glob("/usr/lib/postgresql/*/bin/initdb"),
         key=lambda path: (path.split("/")[-3] != "15", -int(path.split("/")[-3])),
@@ -59,7 +59,8 @@ def unprivileged_user() -> tuple[int, int]:
 class PostgresServer:
     """One PostgreSQL cluster, superuser ``postgres`` with trust authentication, loopback only."""
 
-    def __init__(self) -> None:
+    def __init__(self, settings: dict[str, str] | None = None) -> None:
+        self.extra = dict(settings or {})  # postgresql.conf lines of its own
         bin_dir = postgres_bin_dir()
         if bin_dir is None:
             raise FileNotFoundError(
@@ -74,24 +75,48 @@ class PostgresServer:
         self.uid, self.gid = unprivileged_user()
         self.process: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> PostgresServer:
+    def start(self, *, standby_of: int | None = None) -> PostgresServer:
+        """initdb and start; with ``standby_of`` (a port of a primary, or of a route to it) a
+        streaming standby of it instead, its data a ``pg_basebackup`` of the primary's."""
         os.chown(self.dir, self.uid, self.gid)
         os.chmod(self.dir, 0o755)
-        self._run_as_user(
-            [
-                f"{self.bin_dir}/initdb",
-                "-D",
-                self.data,
-                "-U",
-                SUPERUSER,
-                "-A",
-                "trust",
-                "-E",
-                "UTF8",
-                "--locale=C",
-                "--no-sync",
-            ],
-        )
+        if standby_of is None:
+            self._run_as_user(
+                [
+                    f"{self.bin_dir}/initdb",
+                    "-D",
+                    self.data,
+                    "-U",
+                    SUPERUSER,
+                    "-A",
+                    "trust",
+                    "-E",
+                    "UTF8",
+                    "--locale=C",
+                    "--no-sync",
+                ],
+            )
+        else:
+            # -R writes standby.signal and primary_conninfo (this port) into the data directory.
+            self._run_as_user(
+                [
+                    f"{self.bin_dir}/pg_basebackup",
+                    "-D",
+                    self.data,
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    str(standby_of),
+                    "-U",
+                    SUPERUSER,
+                    "-R",
+                    "-X",
+                    "stream",
+                    "--no-sync",
+                    "-c",
+                    "fast",
+                ],
+            )
         settings = {
             "listen_addresses": "'127.0.0.1'",
             "port": str(self.port),
@@ -101,6 +126,7 @@ class PostgresServer:
             "full_page_writes": "off",
             "log_min_messages": "warning",
             "log_connections": "off",
+            **self.extra,
         }
         with open(os.path.join(self.data, "postgresql.conf"), "a") as fh:
             fh.writelines(f"{name} = {value}\n" for name, value in settings.items())

@@ -5,6 +5,13 @@ Sentinel timing is sized for the suite: ``down-after-milliseconds`` 1000 (a mast
 1 s is subjectively down), ``failover-timeout`` 5000. Sentinels run as ``redis-server <conf>
 --sentinel`` (Debian's redis-sentinel package is the same binary), each rewriting its own
 config file in its own directory, as Sentinel must.
+
+The fault suite (tests/faults/redis_faults.py) puts the replication link through a proxy route
+of its own (``link``: the port a replica is to replicate from, given its master's) and fails
+over again and again: ``rejoin()`` starts the killed master again, empty, as the new master's
+replica. Its ``failover_timeout_ms`` is longer than a replica's turn between failovers: a Sentinel
+"fixes" a replica replicating from another address than the master's (the proxy's) once
+failover-timeout has passed, which would take the link off the proxy.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 
 import redis
 
@@ -28,7 +36,7 @@ FAILOVER_TIMEOUT_MS = 5000
 class Sentinel:
     """One Sentinel process."""
 
-    def __init__(self, master_port: int) -> None:
+    def __init__(self, master_port: int, failover_timeout_ms: int = FAILOVER_TIMEOUT_MS) -> None:
         self.binary = redis_binaries()[0]
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="django_locks-sentinel-")
@@ -39,7 +47,7 @@ class Sentinel:
                 f"port {self.port}\nbind 127.0.0.1\ndir {self.dir}\nlogfile {self.log}\n"
                 f"sentinel monitor {SERVICE} 127.0.0.1 {master_port} 2\n"
                 f"sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}\n"
-                f"sentinel failover-timeout {SERVICE} {FAILOVER_TIMEOUT_MS}\n"
+                f"sentinel failover-timeout {SERVICE} {failover_timeout_ms}\n"
                 f"sentinel parallel-syncs {SERVICE} 1\n"
             )
         self.process: subprocess.Popen[bytes] | None = None
@@ -72,15 +80,24 @@ class SentinelServers:
     """The master, its replica and three Sentinels; ``failover()`` kills the master and waits
     for the Sentinels to promote the replica."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        failover_timeout_ms: int = FAILOVER_TIMEOUT_MS,
+        link: Callable[[int], int] | None = None,
+    ) -> None:
+        self.link = link or (lambda port: port)
         self.master = RedisServer().start()
-        self.replica = RedisServer({"replicaof": f"127.0.0.1 {self.master.port}"}).start()
-        self.sentinels = [Sentinel(self.master.port).start() for _ in range(3)]
+        self.replica = RedisServer(self._replica_of()).start()
+        self.sentinels = [Sentinel(self.master.port, failover_timeout_ms).start() for _ in range(3)]
         eventually(self._watched, timeout=30, what="the Sentinels watching the replica")
 
     @property
     def addresses(self) -> list[str]:
         return [f"127.0.0.1:{sentinel.port}" for sentinel in self.sentinels]
+
+    def _replica_of(self) -> dict[str, str]:
+        return {"replicaof": f"127.0.0.1 {self.link(self.master.port)}"}
 
     def _watched(self) -> bool:
         with redis.Redis(host="127.0.0.1", port=self.sentinels[0].port) as client:
@@ -101,6 +118,34 @@ class SentinelServers:
         )
         self.master, self.replica = new, old
         return new
+
+    def rejoin(self) -> None:
+        """After ``failover()``: the killed master started again, empty, replicating from the
+        new master (through ``link``); it returns once its first sync is done."""
+        self.replica.wipe()
+        self.replica.config |= self._replica_of()
+        self.replica.start()
+        eventually(self._synced, timeout=30, what=f"{self.replica} synced", every=0.05)
+        # A failover before every Sentinel saw it back up, as a replica, would find no replica
+        # to promote ("-failover-abort-no-good-slave") and leave the service without a master.
+        eventually(self._known, timeout=30, what=f"the Sentinels seeing {self.replica}", every=0.1)
+
+    def _known(self) -> bool:
+        for sentinel in self.sentinels:
+            with redis.Redis(host="127.0.0.1", port=sentinel.port) as client:
+                replicas = client.sentinel_slaves(SERVICE)
+            if not any(
+                replica["port"] == self.replica.port
+                and replica["flags"] == "slave"
+                and replica.get("role-reported") == "slave"
+                for replica in replicas
+            ):
+                return False
+        return True
+
+    def _synced(self) -> bool:
+        with self.replica.client() as client:
+            return bool(client.info("replication").get("master_link_status") == "up")
 
     def destroy(self) -> None:
         for sentinel in self.sentinels:
