@@ -23,8 +23,6 @@ every ttl/3 = 1 s can outlive one election, which a 2 s lease (renewed every 0.6
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from typing import Any
 
@@ -156,17 +154,6 @@ class EtcdFaults(Nemesis):
             return None, None
         return int(new), time.monotonic()
 
-    def _kill_holder(self, holder: tuple[int, str, int]) -> None:
-        pid, key, token = holder
-        now = time.monotonic()
-        os.kill(pid, signal.SIGKILL)
-        self.record("fault", kind="holder_kill", pid=pid, key=key, token=token, start=now, end=now)
-
-    def _replace_worker(self, pid: int) -> None:
-        self.procs[pid].wait(10)
-        self.tracker.forget(pid)
-        self.spawn_worker()
-
     def fault_etcd_leader_kill(self) -> None:
         leader = self._leader()
         if leader is None:
@@ -175,12 +162,12 @@ class EtcdFaults(Nemesis):
         member = self.cluster.member(leader)
         down = self.rng.uniform(2.0, 5.0)
         if holder is not None:
-            self._kill_holder(holder)
+            self.kill_holder(holder)
         start = time.monotonic()
         member.kill()
         new, elected = self._elected(leader, 30)
         if holder is not None:
-            self._replace_worker(holder[0])
+            self.replace_worker(holder[0])
         self.stop.wait(max(0.0, start + down - time.monotonic()))
         member.start()
         self.record(

@@ -135,6 +135,18 @@ class Nemesis:
         until = self.tracker.until.get(pid, 0)
         return until > max(now + 1, self.tracker.deadline.get(pid, 0) + 0.2)
 
+    def kill_holder(self, holder: tuple[int, str, int]) -> None:
+        """SIGKILL a holder (then :meth:`replace_worker` it), recorded as a ``holder_kill``."""
+        pid, key, token = holder
+        now = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        self.record("fault", kind="holder_kill", pid=pid, key=key, token=token, start=now, end=now)
+
+    def replace_worker(self, pid: int) -> None:
+        self.procs[pid].wait(10)
+        self.tracker.forget(pid)
+        self.spawn_worker()
+
     def pick_holders(self, count: int) -> list[tuple[int, str, int]]:
         """Up to ``count`` holders of one key: :meth:`pick_holder`'s, then other holders of its
         key (busy ones first)."""
@@ -292,13 +304,8 @@ class Nemesis:
         holder = self.pick_holder()
         if holder is None:
             return
-        pid, key, token = holder
-        now = time.monotonic()
-        os.kill(pid, signal.SIGKILL)
-        self.record("fault", kind="holder_kill", pid=pid, key=key, token=token, start=now, end=now)
-        self.procs[pid].wait(10)
-        self.tracker.forget(pid)
-        self.spawn_worker()
+        self.kill_holder(holder)
+        self.replace_worker(holder[0])
 
     def fault_leader(self) -> None:
         pid = self.current_leader()

@@ -35,19 +35,26 @@ class ReplicationFaults(Nemesis):
         self, kill: Callable[[], object], promote: Callable[[], object], rejoin: Callable[[], None]
     ) -> None:
         """One fault: the link silent, ``kill()`` the primary, ``promote()`` the replica (once
-        it is the primary), ``rejoin()`` the killed server; recorded with its instants."""
+        it is the primary), ``rejoin()`` the killed server; recorded with its instants. Half
+        the time a holder is SIGKILLed with the primary, its takeover spanning the promotion
+        (P5: its key free within the ttl, counted on the new primary)."""
         proxy = self.proxy
         assert proxy is not None
         silent = self.rng.uniform(*SILENCE_S)
         start = time.monotonic()
         proxy.hang(self.link)
         self.stop.wait(silent)
+        holder = self.pick_holder() if self.rng.random() < 0.5 else None
         killed = time.monotonic()
+        if holder is not None:
+            self.kill_holder(holder)
         kill()
         proxy.reset(self.link)  # what the link still held is gone with the primary
         proxy.resume(self.link)
         promote()
         promoted = time.monotonic()
+        if holder is not None:
+            self.replace_worker(holder[0])
         rejoin()
         self.record(
             "fault",
