@@ -6,14 +6,15 @@ Each worker's ``store`` alias names both servers with ``target_session_attrs=rea
 that the ``DatabaseStore`` and its ``LISTEN`` session follow whichever accepts writes; the fenced
 counters stay in the suite's own PostgreSQL cluster (``default``), which no fault touches.
 
-**The fault** (every ~10 s): the standby's replication link goes silent for 1 to 3 s (it runs
-through a proxy route of the run's own, hung), then the primary is SIGKILLed, the standby
-promoted at once with ``pg_ctl promote`` (the nemesis is the failover manager), and the killed
-server started again, empty, as a ``pg_basebackup`` standby of the new primary, through a new
-route. Under ``pg_failover`` replication is synchronous: a commit waits for the standby's flush,
-so what the silent link held back was never answered, and the promoted standby has every lease a
-holder counts on. Under ``pg_failover_async`` it is asynchronous: what the primary answered
-while the link was silent is not on the new primary, as on Redis.
+**The fault** (every ~10 s, tests/faults/replication.py): the standby's replication link goes
+silent for 1 to 3 s (it runs through a proxy route of the run's own, hung), then the primary is
+SIGKILLed (half the time a holder with it), the standby promoted at once with ``pg_ctl promote``
+(the nemesis is the failover manager), and the killed server started again, empty, as a
+``pg_basebackup`` standby of the new primary, through a new route. Under ``pg_failover``
+replication is synchronous: a commit waits for the standby's flush, so what the silent link held
+back was never answered, and the promoted standby has every lease a holder counts on. Under
+``pg_failover_async`` it is asynchronous: what the primary answered while the link was silent is
+not on the new primary, as on Redis.
 
 **The ttl is 6 s**, as through a Sentinel failover (tests/faults/redis_faults.py): a lease must
 outlive the silence and the promotion for the failover to cost anything but the lease itself.

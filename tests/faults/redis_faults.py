@@ -5,16 +5,16 @@ Each worker builds ``RedisStore(sentinels=[...], service_name="mymaster")``, und
 ``sentinel_failover_confirmed`` with ``min_replicas=1`` as well. The fenced counters stay in the
 suite's PostgreSQL database, as on every store.
 
-**The fault** (every ~10 s): the replica's replication link goes silent for 1 to 3 s (it runs
-through a proxy route of the run's own, hung as a congested or partitioned network would be:
-long enough for acquires and renewals to land in it), then the master is SIGKILLed, with
-whatever the link still held; the Sentinels (``down-after`` 1 s) promote the replica, about
-2.3 s after the kill on this machine; the killed server is then started again, empty, as the new
-master's replica, through a new route, and the next fault waits until every Sentinel sees it
-back as a replica. What the master granted or renewed while the link was silent never reached
-the server that is master next: that is the loss Redis replication is known for, made to happen
-every time rather than by luck (on loopback the link is otherwise never behind by more than a
-few microseconds).
+**The fault** (every ~10 s, tests/faults/replication.py): the replica's replication link goes
+silent for 1 to 3 s (it runs through a proxy route of the run's own, hung as a congested or
+partitioned network would be: long enough for acquires and renewals to land in it), then the
+master is SIGKILLed, with whatever the link still held, and half the time a holder with it; the
+Sentinels (``down-after`` 1 s) promote the replica, about 2.3 s after the kill on this machine;
+the killed server is then started again, empty, as the new master's replica, through a new
+route, and the next fault waits until every Sentinel sees it back as a replica. What the master
+granted or renewed while the link was silent never reached the server that is master next: that
+is the loss Redis replication is known for, made to happen every time rather than by luck (on
+loopback the link is otherwise never behind by more than a few microseconds).
 
 **The ttl is 6 s** (:data:`SENTINEL_TTL`): a lease must outlive a failover (the 1 to 3 s of
 silence, then about 2.3 s) for the failover to cost anything but the lease itself; with 2 s
