@@ -347,7 +347,7 @@ class Run(EtcdFaults, SentinelFaults, StandbyFaults):
         )
         if config.scenario in SENTINEL_SCENARIOS:
             self.start_sentinel()
-        if config.scenario in STANDBY_SCENARIOS:
+        elif config.scenario in STANDBY_SCENARIOS:
             self.servers.migrate_store(self.start_pair().database_settings())
         elif config.store == "redis":
             fsync = "everysec" if config.scenario == "store_restart_everysec" else "always"
