@@ -8,8 +8,8 @@
     python -m tests.faults --matrix --duration 120 --runs 5 --out artifacts/faults
 
 Prints one summary line per run; exits 1 when any run found a violation (the Redis
-``store_restart_everysec`` and ``sentinel_failover`` runs are reported but do not fail: see
-``harness.EXPECTED_TO_FAIL``).
+``store_restart_everysec``, ``sentinel_failover`` and ``pg_failover_async`` runs are reported but
+do not fail: see ``harness.EXPECTED_TO_FAIL``).
 """
 
 from __future__ import annotations

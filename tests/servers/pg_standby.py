@@ -8,7 +8,9 @@ A promoted standby is made synchronous again once its own standby has joined (un
 none to wait for, as a failover manager such as Patroni leaves it). ``link(port) -> port`` gives
 the port a standby streams from, given its primary's (the fault suite's proxy route, which it
 hangs); the identity by default. Clients reach whichever is primary through a multi-host alias
-(:meth:`StandbyPair.database_settings`)."""
+(:meth:`StandbyPair.database_settings`). Like the suite's other clusters these run with
+``fsync = off``: the faults kill processes, not the machine, and what a killed server wrote is in
+the kernel's page cache."""
 
 from __future__ import annotations
 
