@@ -69,7 +69,8 @@ def takeover(by_kind: dict[str, list[dict[str, Any]]], report: Report) -> None:
 
 
 def p5_excess(by_kind: dict[str, list[dict[str, Any]]], report: Report) -> None:
-    """On etcd (the run's ``cluster`` event gives the ttl and the election timeout): each
+    """On etcd, and through the failovers of tests/faults/replication.py with no election
+    timeout (the run's ``cluster`` event gives the ttl and the election timeout): each
     crash against P5's bound there, "the effective ttl, plus the election timeout when the
     leader changed". With a new leader elected between the crash and the takeover (an etcd
     fault's ``elected``: when the nemesis saw it, a little after the fact), the bound counts

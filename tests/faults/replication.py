@@ -24,6 +24,9 @@ class ReplicationFaults(Nemesis):
         route to it (the current one), and the port a replica is to replicate from."""
         self.proxy = Proxy().start()
         proxy = self.proxy
+        # For the checker: P5's bound, the ttl from a holder's crash (no election to add:
+        # tests/faults/figures.py), the crashes' p5_excess and p5_held.
+        self.record("cluster", ttl=self.config.ttl, election_s=0.0)
 
         def link(primary_port: int) -> int:
             self.link = proxy.add_route(("127.0.0.1", primary_port))

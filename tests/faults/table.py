@@ -1,9 +1,11 @@
-"""``python -m tests.faults.table [--recheck] [--jobs | --atomic | --etcd] MATRIX.json|report.json
+"""``python -m tests.faults.table [--recheck] [--jobs | --atomic | --etcd | --failover]
+MATRIX.json|report.json
 ...``: the matrix results as the docs' RST table (``--recheck``: each run's saved histories checked
 again by the current checker; ``--jobs``: the replace and max_hold scenarios' own counts and
 figures; ``--atomic``: both canaries' lost updates, how the atomic canary's blocks ended and the
 store acquire calls' times; ``--etcd``: the figures issue 28 asks of the etcd store, each violation
-the issue names in a column of its own, the takeover against P5's bound on etcd).
+the issue names in a column of its own, the takeover against P5's bound on etcd; ``--failover``:
+the same columns for the failover scenarios of issue 29, P5's own bound being the ttl).
 
 One row per scenario and store: the runs' operations, faults and counts summed; the lateness and
 takeover figures (and the jobs' figures) as the worst run's (each run's percentiles are over its
@@ -168,6 +170,14 @@ def etcd_row(scenario: str, store: str, runs: list[dict[str, Any]]) -> list[str]
     ]
 
 
+P5_COLUMN = 12
+FAILOVER_COLUMNS = [c for i, c in enumerate(ETCD_COLUMNS) if i != P5_COLUMN]
+
+
+def failover_row(scenario: str, store: str, runs: list[dict[str, Any]]) -> list[str]:
+    return [c for i, c in enumerate(etcd_row(scenario, store, runs)) if i != P5_COLUMN]
+
+
 def _p5(runs: list[dict[str, Any]]) -> str:
     excess, held = worst(runs, "p5_excess_max_s"), worst(runs, "p5_held_max_s")
     if math.isnan(held):
@@ -184,7 +194,11 @@ def rst(rows: list[list[str]]) -> str:
 
 
 def table(
-    results: list[dict[str, Any]], jobs: bool = False, atomic: bool = False, etcd: bool = False
+    results: list[dict[str, Any]],
+    jobs: bool = False,
+    atomic: bool = False,
+    etcd: bool = False,
+    failover: bool = False,
 ) -> str:
     """The RST table of ``results``; with ``jobs``, one table per jobs scenario found; with
     ``atomic``, the atomic canary's; with ``etcd``, the etcd runs' (issue 28's figures)."""
@@ -198,6 +212,8 @@ def table(
     if etcd:
         rows = [etcd_row(s, st, grouped[s, st]) for s, st in keys if st == "etcd"]
         return rst([ETCD_COLUMNS, *rows])
+    if failover:
+        return rst([FAILOVER_COLUMNS, *(failover_row(s, st, grouped[s, st]) for s, st in keys)])
     if not jobs:
         return rst([COLUMNS, *(row(s, store, grouped[s, store]) for s, store in keys)])
     tables = []
@@ -236,11 +252,12 @@ def rechecked(path: Path) -> list[dict[str, Any]]:
 
 
 def main(args: list[str]) -> int:
-    flags = ("--recheck", "--jobs", "--atomic", "--etcd")
+    flags = ("--recheck", "--jobs", "--atomic", "--etcd", "--failover")
     paths = [Path(arg) for arg in args if arg not in flags]
     load = rechecked if "--recheck" in args else loaded
     results = [result for path in paths for result in load(path)]
-    print(table(results, jobs="--jobs" in args, atomic="--atomic" in args, etcd="--etcd" in args))
+    kinds = {name: f"--{name}" in args for name in ("jobs", "atomic", "etcd", "failover")}
+    print(table(results, **kinds))
     return 0
 
 
