@@ -221,11 +221,15 @@ def test_sentinel_failovers_lose_only_unconfirmed_leases(
     # Tokens come from the master's TIME: they grow across the promotion (one clock here).
     assert report.violations["token_order"] == 0, summary
     assert report.violations["duplicate_token"] == 0, summary
-    # A holder killed with the master: its key refused no later than its ttl after the crash.
-    assert max(report.p5_held, default=0.0) < P5_SLACK_S, summary
     if scenario == "sentinel_failover_confirmed":
+        # No P5 bound here: until the killed master is back as its replica, the new master
+        # confirms no grant, and each acquire holds the key for the WAIT it is then released
+        # after, so a crashed holder's key is refused to others beyond its ttl.
         assert report.ok, "\n".join([summary, *report.details[:20]])
         assert sum(report.lost_by.values()) > 0, summary  # the silent link cost leases
+    else:
+        # A holder killed with the master: its key refused no later than its ttl after it.
+        assert max(report.p5_held, default=0.0) < P5_SLACK_S, summary
 
 
 @pytest.mark.faults
