@@ -125,7 +125,7 @@ class SentinelServers:
         self.replica.wipe()
         self.replica.config |= self._replica_of()
         self.replica.start()
-        eventually(self._synced, timeout=30, what=f"{self.replica} synced", every=0.05)
+        eventually(self._synced, timeout=30, what=self._unsynced, every=0.05)
         # A failover before every Sentinel saw it back up, as a replica, would find no replica
         # to promote ("-failover-abort-no-good-slave") and leave the service without a master.
         eventually(self._known, timeout=30, what=f"the Sentinels seeing {self.replica}", every=0.1)
@@ -142,6 +142,21 @@ class SentinelServers:
             ):
                 return False
         return True
+
+    def _unsynced(self) -> str:
+        """What a replica that did not sync says: its replication state and the logs."""
+        try:
+            with self.replica.client() as client:
+                state = {
+                    k: v
+                    for k, v in client.info("replication").items()
+                    if k.startswith(("role", "master_"))
+                }
+        except redis.RedisError as exc:
+            state = {"error": repr(exc)}
+        files = [self.replica.log, self.master.log, *(s.log for s in self.sentinels)]
+        logs = [f"--- {path} ---\n{dump_log(path)}" for path in files]
+        return "\n".join([f"{self.replica} synced (its replication: {state})", *logs])
 
     def _synced(self) -> bool:
         with self.replica.client() as client:
