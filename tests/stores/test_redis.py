@@ -353,7 +353,7 @@ def test_safe_across_fork(redis_server):
 DOCUMENTED_ACL = (
     "on >locks-secret ~acltest:* resetchannels -@all +evalsha +script|load +scan "
     "+del +hget +hmget +hset +pexpire +pttl +get +set +time +rpush +blpop +ping +hello "
-    "+config|get"
+    "+config|get +wait +info"
 )
 
 

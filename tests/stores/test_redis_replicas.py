@@ -18,6 +18,7 @@ from django_locks.owners import new_owner
 from django_locks.stores.base import Slot
 from django_locks.stores.redis import RedisStore
 from tests.servers.redis import RedisServer
+from tests.stores.test_redis import DOCUMENTED_ACL
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.redis
@@ -162,6 +163,24 @@ def test_w207_when_fewer_replicas_are_connected_than_asked(pair: Pair) -> None:
     assert "'min_replicas' is 2" in warning.msg and "1 connected replica " in warning.msg
     assert "replicaof" in warning.hint and "lower min_replicas" in warning.hint
     assert RedisStore(url=pair.master.url).check(deploy=True) == []  # no INFO asked
+
+
+def test_the_documented_acl_is_enough_with_min_replicas(pair: Pair) -> None:
+    """The deployment guide's user, created on the master and the replica, acquires, renews and
+    checks with ``min_replicas`` (``+wait``, ``+info``)."""
+    for server in (pair.master, pair.replica):
+        with server.client() as client:
+            client.execute_command("ACL", "SETUSER", "locks", *DOCUMENTED_ACL.split())
+    url = f"redis://locks:locks-secret@127.0.0.1:{pair.master.port}/0"
+    store = RedisStore(url=url, prefix="acltest", min_replicas=1, replica_timeout=1)
+    key, owner = f"acl:{new_owner()}", new_owner()
+    assert type(store.acquire_as(key, owner, 5_000, holder())) is int
+    assert store.renew(key, owner, 5_000) is True
+    assert store.renew_many([(key, owner, 5_000)]) == [True]
+    assert store.check(deploy=True) == []
+    assert store.release(key, owner)
+    with pair.replica.client() as replica:  # the replica accepts the same login
+        assert replica.execute_command("AUTH", "locks", "locks-secret")
 
 
 @pytest.mark.parametrize(
