@@ -83,12 +83,11 @@ class Servers:
 
     def migrate_store(self, store: dict[str, Any]) -> None:
         """The lock tables on the ``store`` alias ``store`` (a database of its own)."""
+        self._migrate(self.env(store=store))
+
+    def _migrate(self, env: dict[str, str]) -> None:
         subprocess.run(
-            [*MIGRATE, "--database", "store"],
-            env=self.env(store=store),
-            cwd=ROOT,
-            check=True,
-            timeout=300,
+            [*MIGRATE, "--database", "store"], env=env, cwd=ROOT, check=True, timeout=300
         )
 
     def sql(self, statement: str, *params: Any) -> list[Any]:
@@ -147,13 +146,7 @@ class Servers:
         """The file, migrated and in WAL mode (a mode the file keeps), on first use."""
         if self.sqlite is None:
             self.sqlite = Path(tempfile.mkdtemp(prefix="faults-sqlite-")) / "store.sqlite3"
-            subprocess.run(
-                [*MIGRATE, "--database", "store"],
-                env=self.env(sqlite=True),
-                cwd=ROOT,
-                check=True,
-                timeout=300,
-            )
+            self._migrate(self.env(sqlite=True))
             mode = self.sqlite_sql("PRAGMA journal_mode = WAL")
             assert mode == [("wal",)], mode
         return self.sqlite
