@@ -5,7 +5,7 @@ again by the current checker; ``--jobs``: the replace and max_hold scenarios' ow
 figures; ``--atomic``: both canaries' lost updates, how the atomic canary's blocks ended and the
 store acquire calls' times; ``--etcd``: the figures issue 28 asks of the etcd store, each violation
 the issue names in a column of its own, the takeover against P5's bound on etcd; ``--failover``:
-the same columns for the failover scenarios of issue 29, P5's own bound being the ttl).
+the same columns for the failover scenarios of issue 29, whose P5 bound is the ttl).
 
 One row per scenario and store: the runs' operations, faults and counts summed; the lateness and
 takeover figures (and the jobs' figures) as the worst run's (each run's percentiles are over its
@@ -170,14 +170,6 @@ def etcd_row(scenario: str, store: str, runs: list[dict[str, Any]]) -> list[str]
     ]
 
 
-P5_COLUMN = 12
-FAILOVER_COLUMNS = [c for i, c in enumerate(ETCD_COLUMNS) if i != P5_COLUMN]
-
-
-def failover_row(scenario: str, store: str, runs: list[dict[str, Any]]) -> list[str]:
-    return [c for i, c in enumerate(etcd_row(scenario, store, runs)) if i != P5_COLUMN]
-
-
 def _p5(runs: list[dict[str, Any]]) -> str:
     excess, held = worst(runs, "p5_excess_max_s"), worst(runs, "p5_held_max_s")
     if math.isnan(held):
@@ -212,8 +204,8 @@ def table(
     if etcd:
         rows = [etcd_row(s, st, grouped[s, st]) for s, st in keys if st == "etcd"]
         return rst([ETCD_COLUMNS, *rows])
-    if failover:
-        return rst([FAILOVER_COLUMNS, *(failover_row(s, st, grouped[s, st]) for s, st in keys)])
+    if failover:  # the etcd runs' columns, every store's runs
+        return rst([ETCD_COLUMNS, *(etcd_row(s, st, grouped[s, st]) for s, st in keys)])
     if not jobs:
         return rst([COLUMNS, *(row(s, store, grouped[s, store]) for s, store in keys)])
     tables = []
