@@ -9,7 +9,7 @@ suite's PostgreSQL database, as on every store.
 silent for 1 to 3 s (it runs through a proxy route of the run's own, hung as a congested or
 partitioned network would be: long enough for acquires and renewals to land in it), then the
 master is SIGKILLed, with whatever the link still held, and half the time a holder with it; the
-Sentinels (``down-after`` 1 s) promote the replica, about 2.3 s after the kill on this machine;
+Sentinels (``down-after`` 1.5 s) promote the replica, about 2.9 s after the kill on this machine;
 the killed server is then started again, empty, as the new master's replica, through a new
 route, and the next fault waits until every Sentinel sees it back as a replica. What the master
 granted or renewed while the link was silent never reached the server that is master next: that
@@ -17,7 +17,7 @@ is the loss Redis replication is known for, made to happen every time rather tha
 loopback the link is otherwise never behind by more than a few microseconds).
 
 **The ttl is 6 s** (:data:`SENTINEL_TTL`): a lease must outlive a failover (the 1 to 3 s of
-silence, then about 2.3 s) for the failover to cost anything but the lease itself; with 2 s
+silence, then about 2.9 s) for the failover to cost anything but the lease itself; with 2 s
 leases every holder is past its deadline before a new master exists, and no overlap could ever
 be seen. Sections last up to 2 ttl, so that holders hold across failovers.
 """
