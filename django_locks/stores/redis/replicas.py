@@ -16,8 +16,10 @@ from django_locks.stores.redis.scripts import Script, pack
 from django_locks.stores.redis.wire import Calls
 
 _FIX = (
-    "See the master's replicas with redis-cli INFO replication (connected_slaves, each lag), "
-    "or raise the store's 'replica_timeout'."
+    "See the master's replicas with redis-cli INFO replication: with fewer connected_slaves "
+    "than 'min_replicas' (a master just promoted has none until a replica is attached to it), "
+    "attach replicas or lower 'min_replicas'; with replicas lagging, raise the store's "
+    "'replica_timeout'."
 )
 
 
