@@ -201,11 +201,9 @@ def table(
     keys = sorted(grouped, key=lambda k: (order.index(k[0]), k[1]))
     if atomic:
         return rst([ATOMIC_COLUMNS, *(atomic_row(s, st, grouped[s, st]) for s, st in keys)])
-    if etcd:
-        rows = [etcd_row(s, st, grouped[s, st]) for s, st in keys if st == "etcd"]
+    if etcd or failover:  # the same columns; --etcd keeps the etcd store's runs
+        rows = [etcd_row(s, st, grouped[s, st]) for s, st in keys if failover or st == "etcd"]
         return rst([ETCD_COLUMNS, *rows])
-    if failover:  # the etcd runs' columns, every store's runs
-        return rst([ETCD_COLUMNS, *(etcd_row(s, st, grouped[s, st]) for s, st in keys)])
     if not jobs:
         return rst([COLUMNS, *(row(s, store, grouped[s, store]) for s, store in keys)])
     tables = []

@@ -2,13 +2,14 @@
 Sentinels monitoring them as ``mymaster`` (quorum 2), each on ports of its own.
 
 Sentinel timing is sized for the suite: ``down-after-milliseconds`` 1500 (a master silent for
-1.5 s is subjectively down), ``failover-timeout`` 5000. Not 1000: a Sentinel reconnects to an
-instance at most once a second, so right after ``+switch-master`` the new master's first PING
-can be answered more than 1 s after the switch, which 1000 counts as down. A fault run saw it:
-two Sentinels each found the just-promoted master "down" 1.02 and 1.06 s after their switch,
-and failed over again, onto the killed master that had just come back empty and not yet
-synced. Sentinels run as ``redis-server <conf> --sentinel`` (Debian's redis-sentinel package is
-the same binary), each rewriting its own config file in its own directory, as Sentinel must.
+1.5 s is subjectively down), ``failover-timeout`` 5000. Not 1000: most likely because a
+Sentinel reconnects to an instance at most once a second, right after ``+switch-master`` the new
+master's first PING can be answered more than 1 s after the switch, which 1000 counts as
+down. A fault run saw it: two Sentinels each found the just-promoted master "down" 1.02 and
+1.06 s after their switch, and failed over again, onto the killed master that had just come
+back empty and not yet synced. Sentinels run as ``redis-server <conf> --sentinel`` (Debian's
+redis-sentinel package is the same binary), each rewriting its own config file in its own
+directory, as Sentinel must.
 
 The fault suite (tests/faults/redis_faults.py) puts the replication link through a proxy route
 of its own (``link``: the port a replica is to replicate from, given its master's) and fails
